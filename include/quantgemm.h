@@ -1,0 +1,342 @@
+/*
+ * quantgemm.h - the whole public C ABI of libquantgemm.
+ *
+ * Fused dequantize + GEMM kernels for low-bit LLM weights:
+ *   - W4A16 int4 group-quantized GEMM (AWQ / GPTQ / compressed-tensors, canonical layout),
+ *   - GGUF block formats (Q8_0, Q4_0, Q4_K, Q6_K, IQ4_XS, IQ3_XXS),
+ *   - MXFP4 dense GEMM and MXFP4 mixture-of-experts (GPT-OSS).
+ *
+ * Conventions (see DESIGN.md):
+ *   - every function returns qg_status; qg_last_error() gives a thread-local sentence
+ *     naming the exact failed condition of the last failing call on this thread;
+ *   - every argument is checked before anything is launched; on error nothing is written;
+ *   - an empty problem (m == 0 or num_tokens == 0) returns QG_OK at once;
+ *   - argument structs start with `size_t size` (set it to sizeof(struct)) and only grow;
+ *   - enums only grow, numbers are never reused;
+ *   - a context fixes where pointers live (host memory for QG_BACKEND_CPU, device memory
+ *     of one device for QG_BACKEND_CUDA / QG_BACKEND_HIP); every launch takes a stream,
+ *     NULL = the default stream (ignored by the CPU backend, which runs synchronously);
+ *   - no exit(), no exceptions across the ABI, no printing unless QG_LOG=1 is set in
+ *     the environment (then the chosen tier and config are printed once per shape).
+ *
+ * Matrices are row-major with a leading dimension (row stride) counted in elements,
+ * except GGUF weight rows whose stride is counted in bytes. y = x @ W^T: x is [M, K],
+ * the weight is [N, K] (row n = output feature), y is [M, N].
+ */
+#ifndef QUANTGEMM_H
+#define QUANTGEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  if defined(QG_BUILDING_LIBRARY)
+#    define QG_API __declspec(dllexport)
+#  else
+#    define QG_API __declspec(dllimport)
+#  endif
+#else
+#  define QG_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QG_VERSION_MAJOR 0
+#define QG_VERSION_MINOR 1
+#define QG_VERSION_PATCH 0
+/* Bumped whenever a packed weight layout accepted or produced by the library changes. */
+#define QG_FORMAT_VERSION 1
+
+/* ------------------------------------------------------------------ status */
+
+typedef enum qg_status {
+    QG_OK = 0,
+    QG_ERR_INVALID_ARGUMENT = 1, /* bad shape, pointer, enum, dtype, alignment */
+    QG_ERR_UNSUPPORTED = 2,      /* valid request this build or device cannot serve */
+    QG_ERR_DEVICE = 3,           /* the GPU runtime reported an error */
+    QG_ERR_OUT_OF_MEMORY = 4,
+    QG_ERR_INTERNAL = 5
+} qg_status;
+
+/* Static name of a status ("QG_ERR_INVALID_ARGUMENT"); "unknown status" otherwise. */
+QG_API const char* qg_status_string(qg_status status);
+/* Thread-local sentence describing the last failed call on this thread ("" if none).
+ * The pointer stays valid until the next qg_* call on the same thread. */
+QG_API const char* qg_last_error(void);
+
+/* ------------------------------------------------------------------ build */
+
+/* major * 10000 + minor * 100 + patch */
+QG_API int qg_version(void);
+/* QG_FORMAT_VERSION of the compiled library. */
+QG_API int qg_format_version(void);
+/* Static one-line text naming the backends and tiers compiled into this build, e.g.
+ * "quantgemm 0.1.0 format 1; backends: cpu cuda(sm_90a); tiers: w4a16=cpu,cuda.decode ..." */
+QG_API const char* qg_build_info(void);
+
+/* ------------------------------------------------------------------ enums */
+
+typedef enum qg_backend {
+    QG_BACKEND_CPU = 0,
+    QG_BACKEND_CUDA = 1,
+    QG_BACKEND_HIP = 2
+} qg_backend;
+
+typedef enum qg_dtype {
+    QG_DTYPE_F32 = 0,
+    QG_DTYPE_F16 = 1,
+    QG_DTYPE_BF16 = 2,
+    QG_DTYPE_I32 = 3,
+    QG_DTYPE_U8 = 4,
+    QG_DTYPE_U4X8 = 5 /* int32 words each holding 8 unsigned 4-bit values, nibble i = bits 4i..4i+3 */
+} qg_dtype;
+
+typedef enum qg_format {
+    QG_FORMAT_INT4 = 0,   /* W4A16 group-quantized, canonical layout below */
+    QG_FORMAT_Q8_0 = 1,   /* GGUF, 32 per block, 34 bytes  */
+    QG_FORMAT_Q4_0 = 2,   /* GGUF, 32 per block, 18 bytes  */
+    QG_FORMAT_Q4_K = 3,   /* GGUF, 256 per block, 144 bytes */
+    QG_FORMAT_Q6_K = 4,   /* GGUF, 256 per block, 210 bytes */
+    QG_FORMAT_IQ4_XS = 5, /* GGUF, 256 per block, 136 bytes */
+    QG_FORMAT_IQ3_XXS = 6,/* GGUF, 256 per block, 98 bytes  */
+    QG_FORMAT_MXFP4 = 7   /* OCP MX: 32 E2M1 per block as 16 bytes + one E8M0 scale byte */
+} qg_format;
+
+/* Elements per block and bytes per block of a format (int4: 8 and 4, one packed word). */
+QG_API qg_status qg_format_block(qg_format format, int32_t* block_elems, int32_t* block_bytes);
+
+typedef enum qg_activation {
+    QG_ACT_SILU_GLU = 0,   /* silu(gate) * up */
+    QG_ACT_SWIGLU_OAI = 1  /* GPT-OSS: g = min(gate, limit), u = clamp(up, -limit, limit),
+                              g * sigmoid(alpha * g) * (u + 1) */
+} qg_activation;
+
+typedef enum qg_gate_up_layout {
+    QG_GATE_UP_CONCAT = 0,     /* rows 0..I-1 are gate, rows I..2I-1 are up */
+    QG_GATE_UP_INTERLEAVED = 1 /* row 2i is gate i, row 2i+1 is up i (GPT-OSS checkpoints) */
+} qg_gate_up_layout;
+
+typedef enum qg_copy_kind {
+    QG_COPY_HOST_TO_HOST = 0,
+    QG_COPY_HOST_TO_DEVICE = 1,
+    QG_COPY_DEVICE_TO_HOST = 2,
+    QG_COPY_DEVICE_TO_DEVICE = 3
+} qg_copy_kind;
+
+/* ------------------------------------------------------------------ context */
+
+typedef struct qg_context qg_context;
+typedef void* qg_stream; /* cudaStream_t / hipStream_t; NULL = default stream */
+typedef struct qg_event qg_event;
+
+/* Number of devices of a GPU backend; 0 (and QG_OK) when the build lacks the backend,
+ * or when there is no driver or no device. Always 1 for QG_BACKEND_CPU. */
+QG_API qg_status qg_device_count(qg_backend backend, int* count);
+QG_API qg_status qg_context_create(qg_backend backend, int device, qg_context** ctx);
+QG_API qg_status qg_context_destroy(qg_context* ctx);
+QG_API qg_status qg_context_backend(const qg_context* ctx, qg_backend* backend);
+/* Device name ("NVIDIA H200", or the CPU model for the CPU backend). */
+QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t buf_size);
+/* Tuning and testing knobs; they never change results beyond the documented tolerance.
+ *   "cpu_threads"  : worker threads of the CPU backend (0 = all hardware threads)
+ *   "w4a16_tier"   : 0 auto, 1 cpu-style reference, 2 decode, 3 prefill (GPU backends)
+ *   "gguf_tier"    : 0 auto, 2 decode, 3 prefill
+ *   "split_k"      : 0 auto, else the split-K factor forced on decode tiers
+ * An unknown name or an out-of-range value is QG_ERR_INVALID_ARGUMENT. */
+QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_t value);
+
+/* ------------------------------------------------------------------ memory, streams, events */
+
+/* For a CPU context these act on host memory (64-byte aligned) and run synchronously. */
+QG_API qg_status qg_malloc(qg_context* ctx, size_t bytes, void** ptr);
+QG_API qg_status qg_free(qg_context* ctx, void* ptr);
+QG_API qg_status qg_memcpy(qg_context* ctx, void* dst, const void* src, size_t bytes,
+                           qg_copy_kind kind, qg_stream stream);
+QG_API qg_status qg_memset(qg_context* ctx, void* dst, int value, size_t bytes, qg_stream stream);
+QG_API qg_status qg_stream_create(qg_context* ctx, qg_stream* stream);
+QG_API qg_status qg_stream_destroy(qg_context* ctx, qg_stream stream);
+QG_API qg_status qg_stream_synchronize(qg_context* ctx, qg_stream stream);
+QG_API qg_status qg_event_create(qg_context* ctx, qg_event** event);
+QG_API qg_status qg_event_destroy(qg_context* ctx, qg_event* event);
+QG_API qg_status qg_event_record(qg_context* ctx, qg_event* event, qg_stream stream);
+QG_API qg_status qg_event_synchronize(qg_context* ctx, qg_event* event);
+/* Milliseconds between two recorded events (host clock on the CPU backend). */
+QG_API qg_status qg_event_elapsed_ms(qg_context* ctx, qg_event* start, qg_event* stop, float* ms);
+
+/* ------------------------------------------------------------------ W4A16 */
+
+/*
+ * y[M, N] = x[M, K] @ dequant(W)[N, K]^T, dequant(W)[n, k] = (q[n, k] - z[n, k/G]) * s[n, k/G].
+ * Canonical layout (what AWQ / GPTQ / compressed-tensors checkpoints become on import):
+ *   qweight [N, K/8] int32, nibble i of word j of row n holds q[n, 8j + i], unsigned 0..15;
+ *   scales  [N, K/G] fp16 or bf16;
+ *   qzeros  [N/8, K/G] int32 (QG_DTYPE_U4X8), packed along N: row n -> word n/8, bits
+ *           4*(n%8); NULL for symmetric weights (zero = 8). Zero-points stay 4-bit.
+ * G in {32, 64, 128}; K % G == 0; N % 8 == 0. x and y fp16 or bf16 (y may be fp32).
+ */
+typedef struct qg_w4a16_gemm_args {
+    size_t size;            /* sizeof(qg_w4a16_gemm_args) */
+    int64_t m, n, k;
+    int32_t group_size;     /* G */
+    qg_dtype x_dtype;       /* F16 or BF16 */
+    qg_dtype y_dtype;       /* x_dtype or F32 */
+    qg_dtype scale_dtype;   /* F16 or BF16 */
+    qg_dtype zero_dtype;    /* U4X8 when qzeros != NULL (ignored when NULL) */
+    const void* x;          /* [M, K], row stride ldx elements */
+    int64_t ldx;
+    const int32_t* qweight; /* [N, K/8] */
+    const void* scales;     /* [N, K/G] */
+    const int32_t* qzeros;  /* [N/8, K/G] or NULL */
+    void* y;                /* [M, N], row stride ldy elements */
+    int64_t ldy;
+    void* workspace;        /* qg_w4a16_gemm_workspace_size bytes, or NULL when that is 0 */
+    size_t workspace_bytes;
+} qg_w4a16_gemm_args;
+
+QG_API qg_status qg_w4a16_gemm_workspace_size(qg_context* ctx, const qg_w4a16_gemm_args* args,
+                                              size_t* bytes);
+QG_API qg_status qg_w4a16_gemm(qg_context* ctx, const qg_w4a16_gemm_args* args, qg_stream stream);
+
+/* ------------------------------------------------------------------ GGUF */
+
+/*
+ * y[M, N] = x[M, K] @ dequant(W)[N, K]^T for a GGUF block format.
+ * w holds N rows; row n starts at byte n * ldw and holds K / block_elems blocks exactly as
+ * a .gguf file stores them (ldw >= (K / block_elems) * block_bytes). K % block_elems == 0.
+ * x fp32, fp16 or bf16; y x_dtype or fp32. Any N >= 1.
+ */
+typedef struct qg_gguf_gemm_args {
+    size_t size;         /* sizeof(qg_gguf_gemm_args) */
+    qg_format format;    /* QG_FORMAT_Q8_0 .. QG_FORMAT_IQ3_XXS */
+    int64_t m, n, k;
+    qg_dtype x_dtype;    /* F32, F16 or BF16 */
+    qg_dtype y_dtype;    /* x_dtype or F32 */
+    const void* x;       /* [M, K], row stride ldx elements */
+    int64_t ldx;
+    const void* w;       /* N rows of blocks, row stride ldw bytes */
+    int64_t ldw;
+    void* y;             /* [M, N], row stride ldy elements */
+    int64_t ldy;
+    void* workspace;
+    size_t workspace_bytes;
+} qg_gguf_gemm_args;
+
+QG_API qg_status qg_gguf_gemm_workspace_size(qg_context* ctx, const qg_gguf_gemm_args* args,
+                                             size_t* bytes);
+QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg_stream stream);
+
+/* ------------------------------------------------------------------ MXFP4 dense */
+
+/*
+ * y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias[N]), OCP MXFP4 layout as GPT-OSS ships it:
+ *   blocks [N, K/32, 16] uint8, byte j of a block holds element 2j (low nibble) and 2j+1
+ *          (high nibble) as E2M1 codes {0, .5, 1, 1.5, 2, 3, 4, 6} with sign bit 3;
+ *   scales [N, K/32] uint8 E8M0, value 2^(e - 127) (e = 255 is NaN).
+ * GGUF's own mxfp4 block is converted to this layout by pyquant.from_gguf.
+ */
+typedef struct qg_mxfp4_gemm_args {
+    size_t size;             /* sizeof(qg_mxfp4_gemm_args) */
+    int64_t m, n, k;         /* K % 32 == 0 */
+    qg_dtype x_dtype;        /* F32, F16 or BF16 */
+    qg_dtype y_dtype;        /* x_dtype or F32 */
+    const void* x;           /* [M, K], row stride ldx elements */
+    int64_t ldx;
+    const uint8_t* blocks;   /* [N, K/32, 16] */
+    const uint8_t* scales;   /* [N, K/32] */
+    const void* bias;        /* [N] in bias_dtype, or NULL */
+    qg_dtype bias_dtype;     /* F32, F16 or BF16 (ignored when bias is NULL) */
+    void* y;                 /* [M, N], row stride ldy elements */
+    int64_t ldy;
+    void* workspace;
+    size_t workspace_bytes;
+} qg_mxfp4_gemm_args;
+
+QG_API qg_status qg_mxfp4_gemm_workspace_size(qg_context* ctx, const qg_mxfp4_gemm_args* args,
+                                              size_t* bytes);
+QG_API qg_status qg_mxfp4_gemm(qg_context* ctx, const qg_mxfp4_gemm_args* args, qg_stream stream);
+
+/* ------------------------------------------------------------------ MXFP4 MoE */
+
+/*
+ * Mixture of experts in three launches, pairs p = t * top_k + j (token t, its j-th expert):
+ *   align : sort the pairs by expert into tiles of tile_m rows, each tile one expert;
+ *   stage1: act[p, :] = activation(x[t] @ w13[e]^T + b13[e])       act [T*top_k, I]
+ *   stage2: y[t, :]   = sum_j topk_weights[t, j] * (act[p] @ w2[e]^T + b2[e])
+ * Sizes of the align outputs: max_sorted = T*top_k + E*(tile_m - 1) rounded up to a
+ * multiple of tile_m, max_tiles = max_sorted / tile_m (qg_moe_align_sizes).
+ */
+typedef struct qg_moe_align_args {
+    size_t size;              /* sizeof(qg_moe_align_args) */
+    int64_t num_tokens;       /* T */
+    int32_t top_k;
+    int32_t num_experts;      /* E */
+    int32_t tile_m;           /* 16, 32 or 64 */
+    const int32_t* topk_ids;  /* [T, top_k], each in [0, E) */
+    int32_t* sorted_ids;      /* [max_sorted] out: pair index, or T*top_k for padding */
+    int32_t* tile_experts;    /* [max_tiles]  out: expert of each tile, -1 past the end */
+    int32_t* num_sorted;      /* [1]          out: used length of sorted_ids (multiple of tile_m) */
+} qg_moe_align_args;
+
+QG_API qg_status qg_moe_align_sizes(int64_t num_tokens, int32_t top_k, int32_t num_experts,
+                                    int32_t tile_m, int64_t* max_sorted, int64_t* max_tiles);
+QG_API qg_status qg_moe_align(qg_context* ctx, const qg_moe_align_args* args, qg_stream stream);
+
+typedef struct qg_moe_stage1_args {
+    size_t size;                 /* sizeof(qg_moe_stage1_args) */
+    int64_t num_tokens;          /* T */
+    int32_t top_k;
+    int32_t num_experts;         /* E */
+    int32_t tile_m;
+    int64_t hidden;              /* H = K of stage 1, multiple of 32 */
+    int64_t intermediate;        /* I; w13 has 2*I rows */
+    qg_dtype x_dtype;            /* F32, F16 or BF16; act is written in this dtype */
+    const void* x;               /* [T, H], row stride ldx elements */
+    int64_t ldx;
+    const int32_t* sorted_ids;   /* from qg_moe_align */
+    const int32_t* tile_experts;
+    const int32_t* num_sorted;
+    const uint8_t* w13_blocks;   /* [E, 2I, H/32, 16] */
+    const uint8_t* w13_scales;   /* [E, 2I, H/32] */
+    const void* w13_bias;        /* [E, 2I] in bias_dtype, or NULL */
+    qg_dtype bias_dtype;
+    qg_activation activation;
+    qg_gate_up_layout gate_up_layout;
+    float swiglu_alpha;          /* 1.702 for GPT-OSS (QG_ACT_SWIGLU_OAI only) */
+    float swiglu_limit;          /* 7.0 for GPT-OSS (QG_ACT_SWIGLU_OAI only) */
+    void* act;                   /* [T*top_k, I] out, row = pair index, dense rows */
+} qg_moe_stage1_args;
+
+QG_API qg_status qg_moe_stage1(qg_context* ctx, const qg_moe_stage1_args* args, qg_stream stream);
+
+typedef struct qg_moe_stage2_args {
+    size_t size;                 /* sizeof(qg_moe_stage2_args) */
+    int64_t num_tokens;          /* T */
+    int32_t top_k;
+    int32_t num_experts;         /* E */
+    int32_t tile_m;
+    int64_t hidden;              /* H = N of stage 2 */
+    int64_t intermediate;        /* I = K of stage 2, multiple of 32 */
+    qg_dtype act_dtype;          /* F32, F16 or BF16 */
+    const void* act;             /* [T*top_k, I] from stage 1 */
+    const int32_t* sorted_ids;
+    const int32_t* tile_experts;
+    const int32_t* num_sorted;
+    const uint8_t* w2_blocks;    /* [E, H, I/32, 16] */
+    const uint8_t* w2_scales;    /* [E, H, I/32] */
+    const void* w2_bias;         /* [E, H] in bias_dtype, or NULL */
+    qg_dtype bias_dtype;
+    const float* topk_weights;   /* [T, top_k] */
+    qg_dtype y_dtype;            /* F32, F16 or BF16 */
+    void* y;                     /* [T, H] out, row stride ldy elements */
+    int64_t ldy;
+} qg_moe_stage2_args;
+
+QG_API qg_status qg_moe_stage2(qg_context* ctx, const qg_moe_stage2_args* args, qg_stream stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* QUANTGEMM_H */

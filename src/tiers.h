@@ -1,0 +1,85 @@
+// Internal interface between the ABI layer (src/api.cpp) and the tiers.
+//
+// api.cpp validates every argument, handles empty problems and picks the backend;
+// a tier function is only ever called with arguments that passed those checks.
+// Tiers report failures through qg::set_error and return its status.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quantgemm.h"
+
+struct qg_context {
+    qg_backend backend = QG_BACKEND_CPU;
+    int device = 0;
+    // options (qg_context_set_option); 0 = auto everywhere
+    int64_t cpu_threads = 0;
+    int64_t w4a16_tier = 0;
+    int64_t gguf_tier = 0;
+    int64_t split_k = 0;
+    // GPU properties read once at creation (zero on the CPU backend)
+    int sm_count = 0;
+    int cc_major = 0, cc_minor = 0;
+    size_t l2_bytes = 0;
+    char name[256] = {0};
+};
+
+namespace qg {
+
+// Records `fmt` as this thread's qg_last_error() sentence and returns `status`.
+qg_status set_error(qg_status status, const char* fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+// True when QG_LOG=1; log_once prints "[quantgemm] <line>" once per distinct line.
+bool log_enabled();
+void log_once(const char* fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+// ---------------------------------------------------------------- CPU tier (src/cpu/)
+qg_status cpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a);
+qg_status cpu_gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a);
+qg_status cpu_mxfp4_gemm(const qg_context* ctx, const qg_mxfp4_gemm_args* a);
+qg_status cpu_moe_align(const qg_context* ctx, const qg_moe_align_args* a);
+qg_status cpu_moe_stage1(const qg_context* ctx, const qg_moe_stage1_args* a);
+qg_status cpu_moe_stage2(const qg_context* ctx, const qg_moe_stage2_args* a);
+
+// ---------------------------------------------------------------- GPU tier (src/gpu/)
+// Compiled only when QG_HAVE_GPU is defined (CUDA or HIP build).
+#if defined(QG_HAVE_GPU)
+// runtime (src/gpu/runtime.cpp)
+qg_status gpu_device_count(int* count);
+qg_status gpu_context_init(qg_context* ctx);   // selects ctx->device, fills properties
+qg_status gpu_malloc(const qg_context* ctx, size_t bytes, void** ptr);
+qg_status gpu_free(const qg_context* ctx, void* ptr);
+qg_status gpu_memcpy(const qg_context* ctx, void* dst, const void* src, size_t bytes,
+                     qg_copy_kind kind, qg_stream stream);
+qg_status gpu_memset(const qg_context* ctx, void* dst, int value, size_t bytes, qg_stream stream);
+qg_status gpu_stream_create(const qg_context* ctx, qg_stream* stream);
+qg_status gpu_stream_destroy(const qg_context* ctx, qg_stream stream);
+qg_status gpu_stream_synchronize(const qg_context* ctx, qg_stream stream);
+qg_status gpu_event_create(const qg_context* ctx, void** event);
+qg_status gpu_event_destroy(const qg_context* ctx, void* event);
+qg_status gpu_event_record(const qg_context* ctx, void* event, qg_stream stream);
+qg_status gpu_event_synchronize(const qg_context* ctx, void* event);
+qg_status gpu_event_elapsed_ms(const qg_context* ctx, void* start, void* stop, float* ms);
+// Checks the launch that just happened; names `what` in the error.
+qg_status gpu_check_launch(const char* what);
+
+// kernel families: workspace queries return bytes; launchers return a status
+size_t gpu_w4a16_gemm_workspace(const qg_context* ctx, const qg_w4a16_gemm_args* a);
+qg_status gpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a, qg_stream stream);
+size_t gpu_gguf_gemm_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a);
+qg_status gpu_gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_stream stream);
+#endif
+
+// Tiers compiled into this build, for qg_build_info (src/build_info.cpp).
+const char* build_info();
+
+}  // namespace qg
