@@ -1,0 +1,82 @@
+// The ONE place where HIP and CUDA names differ.
+//
+// Device and runtime code in hip/ and src/gpu/ is written in the HIP dialect
+// (hipMalloc, hipStream_t, __shfl_xor, ...). Compiled by a HIP compiler this header
+// only includes the HIP runtime; compiled by nvcc it maps each HIP name used in the
+// project onto its CUDA twin (the reverse of what ggml's vendors/hip.h does).
+// Add a name here, and only here, when the code needs a new one.
+#pragma once
+
+#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
+// ------------------------------------------------------------------ HIP (ROCm)
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+#define QG_GPU_HIP 1
+#define QG_GPU_RUNTIME_NAME "hip"
+
+#else
+// ------------------------------------------------------------------ CUDA (nvcc)
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#define QG_GPU_CUDA 1
+#define QG_GPU_RUNTIME_NAME "cuda"
+
+// runtime types and constants
+#define hipError_t cudaError_t
+#define hipSuccess cudaSuccess
+#define hipErrorMemoryAllocation cudaErrorMemoryAllocation
+#define hipErrorNoDevice cudaErrorNoDevice
+#define hipErrorInsufficientDriver cudaErrorInsufficientDriver
+#define hipStream_t cudaStream_t
+#define hipEvent_t cudaEvent_t
+#define hipDeviceProp_t cudaDeviceProp
+#define hipMemcpyKind cudaMemcpyKind
+#define hipMemcpyHostToHost cudaMemcpyHostToHost
+#define hipMemcpyHostToDevice cudaMemcpyHostToDevice
+#define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipMemcpyDefault cudaMemcpyDefault
+#define hipStreamNonBlocking cudaStreamNonBlocking
+#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+
+// runtime functions
+#define hipGetDeviceCount cudaGetDeviceCount
+#define hipGetDevice cudaGetDevice
+#define hipSetDevice cudaSetDevice
+#define hipGetDeviceProperties cudaGetDeviceProperties
+#define hipGetLastError cudaGetLastError
+#define hipPeekAtLastError cudaPeekAtLastError
+#define hipGetErrorString cudaGetErrorString
+#define hipGetErrorName cudaGetErrorName
+#define hipMalloc cudaMalloc
+#define hipFree cudaFree
+#define hipMemcpyAsync cudaMemcpyAsync
+#define hipMemsetAsync cudaMemsetAsync
+#define hipStreamCreateWithFlags cudaStreamCreateWithFlags
+#define hipStreamDestroy cudaStreamDestroy
+#define hipStreamSynchronize cudaStreamSynchronize
+#define hipEventCreate cudaEventCreate
+#define hipEventDestroy cudaEventDestroy
+#define hipEventRecord cudaEventRecord
+#define hipEventSynchronize cudaEventSynchronize
+#define hipEventElapsedTime cudaEventElapsedTime
+#define hipFuncSetAttribute cudaFuncSetAttribute
+
+// device intrinsics: HIP's shuffles take no mask; every lane of the warp participates
+#define __shfl_xor(var, lane_mask, width) __shfl_xor_sync(0xffffffffu, (var), (lane_mask), (width))
+#define __shfl_sync_all(var, src_lane) __shfl_sync(0xffffffffu, (var), (src_lane))
+#endif
+
+// Warp width as a compile-time constant: 64 on CDNA (gfx9: gfx90a, gfx942, gfx950),
+// 32 on NVIDIA and RDNA (gfx10, gfx11, gfx12).
+#if defined(__GFX9__)
+#define QG_WARP_SIZE 64
+#else
+#define QG_WARP_SIZE 32
+#endif
+
+// NVIDIA matrix tiers: mma.sync needs sm_80+, wgmma needs sm_90a. Host code asks
+// gpu_context_init's compute capability; device code uses these guards.
+#if defined(QG_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define QG_HAS_MMA_SYNC 1
+#endif
