@@ -141,8 +141,8 @@ QG_API qg_status qg_context_backend(const qg_context* ctx, qg_backend* backend);
 QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t buf_size);
 /* Tuning and testing knobs; they never change results beyond the documented tolerance.
  *   "cpu_threads"  : worker threads of the CPU backend (0 = all hardware threads)
- *   "w4a16_tier"   : 0 auto, 1 cpu-style reference, 2 decode, 3 prefill (GPU backends)
- *   "gguf_tier"    : 0 auto, 2 decode, 3 prefill
+ *   "w4a16_tier"   : 0 auto, 1 portable SIMT tier, 2 decode (matrix units), 3 prefill (GPU backends)
+ *   "gguf_tier"    : 0 auto, 1 portable SIMT tier, 2 decode, 3 prefill
  *   "split_k"      : 0 auto, else the split-K factor forced on decode tiers
  * An unknown name or an out-of-range value is QG_ERR_INVALID_ARGUMENT. */
 QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_t value);
