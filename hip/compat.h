@@ -13,6 +13,7 @@
 #include <hip/hip_fp16.h>
 #define QG_GPU_HIP 1
 #define QG_GPU_RUNTIME_NAME "hip"
+#define qg_device_trap() __builtin_trap()
 
 #else
 // ------------------------------------------------------------------ CUDA (nvcc)
@@ -20,6 +21,7 @@
 #include <cuda_fp16.h>
 #define QG_GPU_CUDA 1
 #define QG_GPU_RUNTIME_NAME "cuda"
+#define qg_device_trap() __trap()
 
 // runtime types and constants
 #define hipError_t cudaError_t
