@@ -13,6 +13,11 @@
  *   - an empty problem (m == 0 or num_tokens == 0) returns QG_OK at once;
  *   - argument structs start with `size_t size` (set it to sizeof(struct)) and only grow;
  *   - enums only grow, numbers are never reused;
+ *   - workspace, where a call needs one, is caller memory of at least the size that the
+ *     matching *_workspace_size query returns for the same context and arguments; it must be
+ *     zero-filled before its first use, and every call leaves it zero-filled again (split-K
+ *     arrival counters re-arm themselves), so one zeroed buffer serves any number of calls on
+ *     one stream; calls running concurrently on different streams need their own;
  *   - a context fixes where pointers live (host memory for QG_BACKEND_CPU, device memory
  *     of one device for QG_BACKEND_CUDA / QG_BACKEND_HIP); every launch takes a stream,
  *     NULL = the default stream (ignored by the CPU backend, which runs synchronously);
