@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build the CUDA tier, run the GPU tests, compute-sanitizer,
+# and the benchmark; full logs under $OUT, a short summary last.
+#
+#   bench/gpu_check.sh [build] [test] [memcheck] [racecheck] [bench] [record]
+#   (no stage named = build test memcheck bench)
+#
+# Environment: QG_BENCH_ARGS (extra arguments for `python -m pyquant bench`),
+# QG_TEST_ARGS (extra pytest arguments), QG_CUDA_ARCHS (default 90a).
+# Missing pure-Python packages (gguf) travel as wheels in .whl/ (see README).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/qg_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(build test memcheck bench)
+has() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+summary=()
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYQUANT_LIB=$PWD/build-gpu/libquantgemm.so
+
+if has build; then
+    t0=$(date +%s)
+    { cmake -S . -B build-gpu -G Ninja -DQG_GPU=cuda -DCMAKE_BUILD_TYPE=Release \
+          -DQG_CUDA_ARCHS="${QG_CUDA_ARCHS:-90a}" && cmake --build build-gpu -j16; } \
+        > "$OUT/build.log" 2>&1
+    rc=$?
+    summary+=("build rc=$rc ($(( $(date +%s) - t0 )) s)")
+    if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; printf '%s\n' "${summary[@]}"; exit 1; fi
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader \
+        > "$OUT/gpu.txt" 2>&1
+    python3 -c "import pyquant; print(pyquant.build_info())" >> "$OUT/gpu.txt" 2>&1
+fi
+
+if has test; then
+    python3 -m pytest -q -m gpu tests ${QG_TEST_ARGS:-} > "$OUT/gpu_tests.log" 2>&1
+    summary+=("gpu tests rc=$? : $(tail -1 "$OUT/gpu_tests.log")")
+fi
+
+if has memcheck; then
+    compute-sanitizer --tool memcheck --error-exitcode 9 \
+        python3 -m pytest -q -x -m gpu tests ${QG_TEST_ARGS:-} > "$OUT/memcheck.log" 2>&1
+    summary+=("memcheck rc=$? : $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(tail -1 "$OUT/memcheck.log")")
+fi
+
+if has racecheck; then
+    compute-sanitizer --tool racecheck --error-exitcode 9 \
+        python3 -m pytest -q -x -m gpu -k "w4a16 and not 4104" tests > "$OUT/racecheck.log" 2>&1
+    summary+=("racecheck rc=$? : $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1)")
+fi
+
+if has bench; then
+    python3 -m pyquant bench ${QG_BENCH_ARGS:---quick} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    summary+=("bench rc=$?")
+    tail -60 "$OUT/bench.log"
+fi
+
+if has record; then
+    python3 -m pyquant bench ${QG_BENCH_ARGS:-} --record "$OUT/h200.json" > "$OUT/record.log" 2>&1
+    summary+=("record rc=$?")
+    tail -60 "$OUT/record.log"
+fi
+
+echo "---- gpu_check summary"
+cat "$OUT/gpu.txt" 2>/dev/null
+printf '%s\n' "${summary[@]}"
