@@ -1,0 +1,159 @@
+"""Golden record / compare protocol (pure: it only sees a `measure(case) -> seconds` callable).
+
+A golden is a time that was measured three times and agreed with itself. Timings on a
+shared machine are noisy, so one measurement is never trusted on its own:
+
+record  : every case is measured REPEATS times. The entry is `reproducible` when the
+          spread (max - min) / min of those measurements is within the noise band; the
+          median is written either way, but an entry with `reproducible: false` is never
+          used as truth by `compare`.
+compare : every case with a reproducible golden is measured once. If it moved by more than
+          the band, it is measured RERUNS more times and a regression (or improvement) is
+          reported only when the median of the re-runs is still beyond the band on the same
+          side, i.e. at least two of three re-runs agree with the first sighting. Everything
+          else that moved is listed as noise.
+
+The band is relative: 0.03 means 3 % of the golden time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from typing import Callable, Iterable, Sequence
+
+# 3 %: run-to-run spread of a median-of-many device-event timing on an otherwise idle GPU
+# is about 1 %, so 3 % leaves room for clock boost variation without hiding a real change.
+GPU_NOISE_BAND = 0.03
+# 10 %: the CPU tier shares its cores with everything else on the machine (two cores on CI);
+# host timers there routinely move by several percent between runs.
+CPU_NOISE_BAND = 0.10
+REPEATS = 3
+RERUNS = 3
+
+# Outcome of one case in `compare`.
+OK = "ok"                    # within the band of a trusted golden
+REGRESSION = "regression"    # slower beyond the band, reproduced by the re-runs
+IMPROVEMENT = "improvement"  # faster beyond the band, reproduced by the re-runs
+NOISE = "noise"              # moved beyond the band once, the re-runs did not confirm it
+UNTRUSTED = "untrusted"      # the golden entry itself was not reproducible: not compared
+NEW = "new"                  # no golden entry for this case
+
+KEY_FIELDS = ("family", "format", "variant", "m", "n", "k")
+
+
+def case_key(obj) -> tuple:
+    """Identity of a row or a case: (family, format, variant, m, n, k)."""
+    if isinstance(obj, dict):
+        return tuple(obj[f] for f in KEY_FIELDS)
+    return tuple(getattr(obj, f) for f in KEY_FIELDS)
+
+
+def spread(times: Sequence[float]) -> float:
+    """Relative spread (max - min) / min of repeated measurements."""
+    lo = min(times)
+    if lo <= 0:
+        raise ValueError(f"a measured time must be positive, got {lo}")
+    return (max(times) - lo) / lo
+
+
+@dataclasses.dataclass
+class Recorded:
+    case: object
+    times_s: list[float]
+    median_s: float
+    reproducible: bool
+
+
+def record(cases: Iterable, measure: Callable[[object], float], band: float,
+           repeats: int = REPEATS, progress: Callable[[object], None] | None = None) -> list[Recorded]:
+    """Measure each case `repeats` times; reproducible when the spread is within `band`."""
+    out = []
+    for case in cases:
+        times = [float(measure(case)) for _ in range(repeats)]
+        out.append(Recorded(case, times, statistics.median(times), spread(times) <= band))
+        if progress is not None:
+            progress(case)
+    return out
+
+
+@dataclasses.dataclass
+class Compared:
+    case: object
+    outcome: str                     # OK, REGRESSION, IMPROVEMENT, NOISE, UNTRUSTED or NEW
+    golden_s: float | None
+    first_s: float | None            # the first measurement (None when not measured)
+    rerun_s: list[float]             # the re-runs (empty when the first one was within the band)
+
+    @property
+    def current_s(self) -> float | None:
+        """Best estimate of the current time: median of the re-runs, else the first one."""
+        if self.rerun_s:
+            return statistics.median(self.rerun_s)
+        return self.first_s
+
+    @property
+    def change(self) -> float | None:
+        """Relative change of current_s against the golden (+0.25 = 25 % slower)."""
+        if self.golden_s is None or self.current_s is None:
+            return None
+        return self.current_s / self.golden_s - 1.0
+
+
+def _side(t: float, golden: float, band: float) -> int:
+    """+1 slower than the band allows, -1 faster, 0 within the band."""
+    if t > golden * (1.0 + band):
+        return 1
+    if t < golden * (1.0 - band):
+        return -1
+    return 0
+
+
+def compare(cases: Iterable, golden_rows: Iterable[dict], measure: Callable[[object], float],
+            band: float, reruns: int = RERUNS,
+            progress: Callable[[object], None] | None = None) -> list[Compared]:
+    """Compare the current timing of each case with its golden row (see the module doc).
+
+    golden_rows are golden-schema rows (median_us, reproducible, and the KEY_FIELDS).
+    Cases without a golden row are measured once and reported as NEW.
+    """
+    by_key = {case_key(r): r for r in golden_rows}
+    out = []
+    for case in cases:
+        row = by_key.get(case_key(case))
+        if row is None:
+            out.append(Compared(case, NEW, None, float(measure(case)), []))
+        elif not row.get("reproducible", False):
+            # Never used as truth: do not even spend time measuring it.
+            out.append(Compared(case, UNTRUSTED, row["median_us"] * 1e-6, None, []))
+        else:
+            golden = row["median_us"] * 1e-6
+            first = float(measure(case))
+            side = _side(first, golden, band)
+            if side == 0:
+                out.append(Compared(case, OK, golden, first, []))
+            else:
+                again = [float(measure(case)) for _ in range(reruns)]
+                confirmed = _side(statistics.median(again), golden, band) == side
+                outcome = (REGRESSION if side > 0 else IMPROVEMENT) if confirmed else NOISE
+                out.append(Compared(case, outcome, golden, first, again))
+        if progress is not None:
+            progress(case)
+    return out
+
+
+def has_regression(results: Iterable[Compared]) -> bool:
+    return any(r.outcome == REGRESSION for r in results)
+
+
+def load(path) -> dict:
+    """Read a golden file and check the fields compare relies on."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+        raise ValueError(f"{path}: not a golden file (expected an object with a 'rows' list)")
+    for i, row in enumerate(doc["rows"]):
+        missing = [f for f in KEY_FIELDS + ("median_us", "reproducible") if f not in row]
+        if missing:
+            raise ValueError(f"{path}: row {i} lacks {', '.join(missing)}")
+    return doc

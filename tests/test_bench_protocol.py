@@ -1,0 +1,166 @@
+"""The golden record / compare protocol, driven by a fake timer (no library, no device).
+
+The fake timer gives each case a fresh random base time; every measurement carries small
+noise (uniform within +-NOISE, well inside the band) and the tests inject, per case and
+per call, what a real machine does now and then: one slow spike (noise that must NOT be
+reported) or a lasting change (a real regression or improvement that MUST be reported).
+Seeds are printed on failure.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pyquant import bench
+from pyquant.bench import cases as C
+from pyquant.bench import golden as G
+from pyquant.bench.timing import FakeRunner, FakeTimer
+
+BAND = G.GPU_NOISE_BAND
+# +-0.5 % jitter: a quiet GPU's median-of-many timing moves about this much; it is six
+# times smaller than the band, so it can never cross it on its own.
+NOISE = 0.005
+SPIKE = 1.30    # a preempted / throttled measurement: 30 % slow, far outside the band
+SLOWER = 1.25   # an injected real regression: every call 25 % slower
+FASTER = 0.80   # an injected real improvement
+
+
+@pytest.fixture
+def rng():
+    seed = np.random.SeedSequence().entropy
+    print(f"seed = {seed}")
+    return np.random.default_rng(seed)
+
+
+def suite():
+    return [C.Case("w4a16", "int4", "g128-asym-bf16", m, 14336, 4096) for m in (1, 2, 4, 8, 16, 32)]
+
+
+class Machine:
+    """Fake timings: base[case] * jitter * injected(case, call)."""
+
+    def __init__(self, rng, cases):
+        self.rng = rng
+        self.base = {c.key: float(rng.uniform(10e-6, 500e-6)) for c in cases}
+        self.inject = {}   # case key -> function(call) -> factor
+
+    def model(self, case, call):
+        factor = self.inject.get(case.key, lambda call: 1.0)(call)
+        return self.base[case.key] * factor * (1.0 + self.rng.uniform(-NOISE, NOISE))
+
+    def timer(self):
+        return FakeTimer(self.model)
+
+
+def spike_on(*calls):
+    return lambda call: SPIKE if call in calls else 1.0
+
+
+def always(f):
+    return lambda call: f
+
+
+def golden_rows(recorded):
+    return [{"family": r.case.family, "format": r.case.format, "variant": r.case.variant,
+             "m": r.case.m, "n": r.case.n, "k": r.case.k, "median_us": r.median_s * 1e6,
+             "reproducible": r.reproducible} for r in recorded]
+
+
+def test_record_flags_entries_that_do_not_repeat(rng):
+    cases = suite()
+    machine = Machine(rng, cases)
+    machine.inject[cases[1].key] = spike_on(1)   # the second of three measurements spikes
+    machine.inject[cases[4].key] = spike_on(2)   # the third one spikes
+    timer = machine.timer()
+    recorded = G.record(cases, timer.measure, BAND)
+    flags = {r.case.key: r.reproducible for r in recorded}
+    assert flags == {c.key: c not in (cases[1], cases[4]) for c in cases}
+    assert all(timer.calls[c.key] == G.REPEATS for c in cases)
+    for r in recorded:  # the written median is the median of the three measurements
+        assert r.median_s == sorted(r.times_s)[1]
+
+
+def test_compare_reports_reproduced_changes_and_calls_the_rest_noise(rng):
+    cases = suite()
+    machine = Machine(rng, cases)
+    machine.inject[cases[5].key] = spike_on(0)   # unreliable at record time
+    recorded = G.record(cases, machine.timer().measure, BAND)
+    assert [r.reproducible for r in recorded] == [True] * 5 + [False]
+
+    stable, regressed, improved, spiked, spiked_twice, untrusted = cases
+    machine.inject = {
+        regressed.key: always(SLOWER),
+        improved.key: always(FASTER),
+        spiked.key: spike_on(0),                 # only the first compare measurement is slow
+        spiked_twice.key: spike_on(0, 2),        # the first and one of three re-runs are slow
+        untrusted.key: always(SLOWER),           # slower, but its golden is not truth
+    }
+    timer = machine.timer()
+    results = G.compare(cases, golden_rows(recorded), timer.measure, BAND)
+    outcome = {r.case.key: r.outcome for r in results}
+    assert outcome == {stable.key: G.OK, regressed.key: G.REGRESSION, improved.key: G.IMPROVEMENT,
+                       spiked.key: G.NOISE, spiked_twice.key: G.NOISE, untrusted.key: G.UNTRUSTED}
+    # Only what moved is re-run, three more times; an untrusted golden is not even measured.
+    assert timer.calls == {stable.key: 1, regressed.key: 1 + G.RERUNS, improved.key: 1 + G.RERUNS,
+                           spiked.key: 1 + G.RERUNS, spiked_twice.key: 1 + G.RERUNS}
+    assert G.has_regression(results)
+    change = {r.case.key: r.change for r in results}
+    # The reported change is the injected one, give or take the jitter on both sides.
+    assert abs(change[regressed.key] - (SLOWER - 1)) < 3 * NOISE
+    assert abs(change[improved.key] - (FASTER - 1)) < 3 * NOISE
+
+
+def test_regression_survives_one_noisy_rerun(rng):
+    # A real 25 % regression whose second re-run happens to come back fast: two of three
+    # re-runs still confirm it.
+    cases = suite()[:1]
+    machine = Machine(rng, cases)
+    recorded = G.record(cases, machine.timer().measure, BAND)
+    machine.inject[cases[0].key] = lambda call: 1.0 if call == 2 else SLOWER
+    results = G.compare(cases, golden_rows(recorded), machine.timer().measure, BAND)
+    assert [r.outcome for r in results] == [G.REGRESSION]
+
+
+def test_change_inside_the_band_is_not_reported(rng):
+    cases = suite()
+    machine = Machine(rng, cases)
+    recorded = G.record(cases, machine.timer().measure, BAND)
+    # Half the band, in either direction, on every call of every case: with the jitter on
+    # both the golden and the new time the ratio stays within 1.5 % + 2 * 0.5 % < 3 %.
+    for i, c in enumerate(cases):
+        machine.inject[c.key] = always(1 + BAND / 2 if i % 2 else 1 - BAND / 2)
+    results = G.compare(cases, golden_rows(recorded), machine.timer().measure, BAND)
+    assert {r.outcome for r in results} == {G.OK}
+    assert not G.has_regression(results)
+
+
+def test_cli_record_then_compare_exit_status(rng, tmp_path, capsys):
+    cases = C.build_suite(quick=True)
+    machine = Machine(rng, cases)
+    machine.inject[cases[2].key] = spike_on(0)   # not reproducible at record time
+    path = tmp_path / "fake.json"
+    argv = ["--quick", "--band", str(BAND)]
+    assert bench.main(argv + ["--record", str(path)], runner=FakeRunner(machine.timer())) == 0
+
+    doc = json.loads(path.read_text())
+    assert {"device", "copy_GBps", "bf16_TFLOPs", "rows"} <= set(doc)
+    assert [(r["family"], r["format"], r["variant"], r["m"], r["n"], r["k"]) for r in doc["rows"]] == \
+        [c.key for c in C.order_for_weights(cases)]
+    schema = {"family", "format", "variant", "m", "n", "k", "median_us", "GBps", "TFLOPs",
+              "roofline_pct", "reproducible", "peers"}
+    assert all(schema <= set(r) for r in doc["rows"])
+    assert [r["reproducible"] for r in doc["rows"]].count(False) == 1
+
+    # Noise only (a spike on the first compare measurement of two cases): exit 0.
+    machine.inject = {cases[0].key: spike_on(0), cases[3].key: spike_on(0)}
+    assert bench.main(argv + ["--compare", str(path)], runner=FakeRunner(machine.timer())) == 0
+    out = capsys.readouterr().out
+    assert "NOISE" in out and "REGRESSION" not in out
+
+    # A reproduced regression: exit status 1, and the case is named.
+    machine.inject = {cases[1].key: always(SLOWER)}
+    assert bench.main(argv + ["--compare", str(path)], runner=FakeRunner(machine.timer())) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION" in out and cases[1].label in out
