@@ -1,0 +1,917 @@
+// The C ABI of include/quantgemm.h: the only file that implements it.
+//
+// Every entry point: read the argument struct (size-checked), check every argument and
+// name the exact failed condition, return at once on an empty problem, then route to the
+// tier of the context's backend (qg::cpu_* or qg::gpu_*, src/tiers.h). No exception
+// leaves this file: each entry point runs inside guarded().
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <new>
+#include <thread>
+
+#include "cpu/moe_sizes.h"
+#include "formats/blocks.h"
+#include "quantgemm.h"
+#include "tiers.h"
+
+namespace qg {
+const char* last_error();  // src/error.cpp
+}
+
+namespace {
+
+using qg::set_error;
+
+// ------------------------------------------------------------------ helpers
+
+#define QG_CHECK(cond, ...)                                                       \
+    do {                                                                          \
+        if (!(cond)) return ::qg::set_error(QG_ERR_INVALID_ARGUMENT, __VA_ARGS__); \
+    } while (0)
+
+#define QG_TRY(expr)                      \
+    do {                                  \
+        const qg_status qg_st_ = (expr);  \
+        if (qg_st_ != QG_OK) return qg_st_; \
+    } while (0)
+
+// Runs an entry point's body; a C++ exception becomes a status and a sentence.
+template <class F>
+qg_status guarded(const char* fn, F&& body) {
+    try {
+        return body();
+    } catch (const std::bad_alloc&) {
+        return set_error(QG_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    } catch (const std::exception& e) {
+        return set_error(QG_ERR_INTERNAL, "%s: %s", fn, e.what());
+    } catch (...) {
+        return set_error(QG_ERR_INTERNAL, "%s: unknown C++ exception", fn);
+    }
+}
+
+typedef long long ll;  // printf of int64_t
+
+// Name of an enum value, or its number (in a per-call buffer) when it is not one.
+struct EnumText {
+    char buf[32];
+    const char* operator()(const char* name, int value) {
+        if (name != nullptr) return name;
+        snprintf(buf, sizeof(buf), "%d", value);
+        return buf;
+    }
+};
+
+const char* dtype_name(int d) {
+    switch (d) {
+        case QG_DTYPE_F32: return "QG_DTYPE_F32";
+        case QG_DTYPE_F16: return "QG_DTYPE_F16";
+        case QG_DTYPE_BF16: return "QG_DTYPE_BF16";
+        case QG_DTYPE_I32: return "QG_DTYPE_I32";
+        case QG_DTYPE_U8: return "QG_DTYPE_U8";
+        case QG_DTYPE_U4X8: return "QG_DTYPE_U4X8";
+        default: return nullptr;
+    }
+}
+
+const char* backend_name(int b) {
+    switch (b) {
+        case QG_BACKEND_CPU: return "QG_BACKEND_CPU";
+        case QG_BACKEND_CUDA: return "QG_BACKEND_CUDA";
+        case QG_BACKEND_HIP: return "QG_BACKEND_HIP";
+        default: return nullptr;
+    }
+}
+
+// One table of the GGUF block formats, generated from the X-macro of formats/blocks.h.
+struct GgufFormat {
+    int format;
+    const char* name;  // "Q4_K"
+    int elems;         // elements per block
+    int bytes;         // bytes per block
+};
+const GgufFormat kGgufFormats[] = {
+#define QG_X(NAME, BLOCK, ELEMS) {QG_FORMAT_##NAME, #NAME, ELEMS, (int)sizeof(qg::BLOCK)},
+    QG_GGUF_FORMATS(QG_X)
+#undef QG_X
+};
+
+const GgufFormat* gguf_format(int f) {
+    for (const GgufFormat& g : kGgufFormats)
+        if (g.format == f) return &g;
+    return nullptr;
+}
+
+const char* format_name(int f) {
+    switch (f) {
+        case QG_FORMAT_INT4: return "QG_FORMAT_INT4";
+#define QG_X(NAME, BLOCK, ELEMS) \
+    case QG_FORMAT_##NAME: return "QG_FORMAT_" #NAME;
+            QG_GGUF_FORMATS(QG_X)
+#undef QG_X
+        case QG_FORMAT_MXFP4: return "QG_FORMAT_MXFP4";
+        default: return nullptr;
+    }
+}
+
+// The GPU backend compiled into this build, if any.
+#if defined(QG_GPU_IS_CUDA)
+constexpr int kGpuBackend = QG_BACKEND_CUDA;
+constexpr const char* kGpuName = "CUDA";
+#elif defined(QG_GPU_IS_HIP)
+constexpr int kGpuBackend = QG_BACKEND_HIP;
+constexpr const char* kGpuName = "HIP";
+#else
+constexpr int kGpuBackend = -1;
+constexpr const char* kGpuName = "";
+#endif
+
+bool is_gpu(const qg_context* ctx) { return ctx->backend != QG_BACKEND_CPU; }
+
+qg_status check_ctx(const qg_context* ctx) {
+    QG_CHECK(ctx != nullptr, "ctx is NULL");
+    return QG_OK;
+}
+
+// p non-NULL and aligned to `align` bytes; `why` says where the alignment comes from.
+qg_status check_ptr(const void* p, const char* name, size_t align, const char* why) {
+    QG_CHECK(p != nullptr, "%s is NULL", name);
+    QG_CHECK((uintptr_t)p % align == 0, "%s=%p is not aligned to %zu bytes (%s)", name, p, align, why);
+    return QG_OK;
+}
+
+// Like check_ptr, but NULL is allowed (optional operands: qzeros, bias).
+qg_status check_opt_ptr(const void* p, const char* name, size_t align, const char* why) {
+    if (p == nullptr) return QG_OK;
+    return check_ptr(p, name, align, why);
+}
+
+size_t dtype_size(int d) { return (d == QG_DTYPE_F16 || d == QG_DTYPE_BF16) ? 2 : d == QG_DTYPE_U8 ? 1 : 4; }
+
+// Float-like dtypes accepted as activations, outputs or biases: bit i set = dtype i allowed.
+constexpr unsigned kF32 = 1u << QG_DTYPE_F32, kF16 = 1u << QG_DTYPE_F16, kBF16 = 1u << QG_DTYPE_BF16;
+
+// field=value must be one of `allowed`; `what` names the operation and the accepted set.
+qg_status check_dtype(const char* field, int v, unsigned allowed, const char* what) {
+    EnumText t;
+    QG_CHECK(dtype_name(v) != nullptr, "%s=%s is not a qg_dtype value", field, t(nullptr, v));
+    QG_CHECK((allowed >> v) & 1u, "%s=%s is not supported by %s", field, dtype_name(v), what);
+    return QG_OK;
+}
+
+// Output dtype: the activation dtype or F32.
+qg_status check_y_dtype(const char* field, int y, const char* x_field, int x) {
+    EnumText t;
+    QG_CHECK(dtype_name(y) != nullptr, "%s=%s is not a qg_dtype value", field, t(nullptr, y));
+    QG_CHECK(y == x || y == QG_DTYPE_F32, "%s=%s must be %s=%s or QG_DTYPE_F32", field, dtype_name(y), x_field,
+             dtype_name(x));
+    return QG_OK;
+}
+
+qg_status check_positive(const char* field, int64_t v) {
+    QG_CHECK(v > 0, "%s=%lld must be positive", field, (ll)v);
+    return QG_OK;
+}
+
+qg_status check_ld(const char* ld_name, int64_t ld, const char* dim_name, int64_t dim) {
+    QG_CHECK(ld >= dim, "%s=%lld < %s=%lld", ld_name, (ll)ld, dim_name, (ll)dim);
+    return QG_OK;
+}
+
+[[maybe_unused]] qg_status check_workspace(void* ws, size_t ws_bytes, size_t required, const char* query) {
+    if (required == 0) return QG_OK;
+    QG_CHECK(ws_bytes >= required, "workspace_bytes=%zu < %zu bytes required (%s)", ws_bytes, required, query);
+    return check_ptr(ws, "workspace", 16, "workspace");
+}
+
+// Argument structs: accept any size >= the size of the first version of the struct and
+// read only the fields that fit (every struct is at its first version: sizeof). When a
+// struct grows, its first_size must stay the old sizeof, written as a number.
+template <class T>
+struct ArgsInfo;
+#define QG_ARGS_INFO(T)                                          \
+    template <>                                                  \
+    struct ArgsInfo<T> {                                         \
+        static constexpr const char* name = #T;                  \
+        static constexpr size_t first_size = sizeof(T);          \
+    };
+QG_ARGS_INFO(qg_w4a16_gemm_args)
+QG_ARGS_INFO(qg_gguf_gemm_args)
+QG_ARGS_INFO(qg_mxfp4_gemm_args)
+QG_ARGS_INFO(qg_moe_align_args)
+QG_ARGS_INFO(qg_moe_stage1_args)
+QG_ARGS_INFO(qg_moe_stage2_args)
+#undef QG_ARGS_INFO
+
+template <class T>
+qg_status read_args(const T* in, T* out) {
+    QG_CHECK(in != nullptr, "args is NULL");
+    QG_CHECK(in->size >= ArgsInfo<T>::first_size,
+             "args->size=%zu is smaller than the oldest known struct (%s is %zu bytes)", in->size,
+             ArgsInfo<T>::name, ArgsInfo<T>::first_size);
+    memset(out, 0, sizeof(T));
+    memcpy(out, in, std::min(in->size, sizeof(T)));
+    return QG_OK;
+}
+
+// ------------------------------------------------------------------ per-family checks
+
+qg_status check_w4a16(const qg_w4a16_gemm_args& a, bool pointers) {
+    QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
+    QG_TRY(check_positive("n", a.n));
+    QG_TRY(check_positive("k", a.k));
+    const int G = a.group_size;
+    QG_CHECK(G == 32 || G == 64 || G == 128, "group_size=%d is not one of 32, 64, 128", G);
+    QG_CHECK(a.k % G == 0, "k=%lld is not a multiple of group_size=%d", (ll)a.k, G);
+    QG_CHECK(a.n % 8 == 0, "n=%lld is not a multiple of 8 (qzeros pack 8 rows per word)", (ll)a.n);
+    QG_TRY(check_dtype("x_dtype", a.x_dtype, kF16 | kBF16, "W4A16 (fp16 or bf16)"));
+    QG_TRY(check_y_dtype("y_dtype", a.y_dtype, "x_dtype", a.x_dtype));
+    QG_TRY(check_dtype("scale_dtype", a.scale_dtype, kF16 | kBF16, "W4A16 scales (fp16 or bf16)"));
+    if (a.qzeros != nullptr) {
+        EnumText t;
+        const int z = a.zero_dtype;
+        QG_CHECK(dtype_name(z) != nullptr, "zero_dtype=%s is not a qg_dtype value", t(nullptr, z));
+        QG_CHECK(z == QG_DTYPE_U4X8, "zero_dtype=%s: zero-points must be packed 4-bit words (QG_DTYPE_U4X8)%s",
+                 dtype_name(z),
+                 (z == QG_DTYPE_F16 || z == QG_DTYPE_BF16 || z == QG_DTYPE_F32) ? ", not the activation dtype" : "");
+    }
+    QG_TRY(check_ld("ldx", a.ldx, "k", a.k));
+    QG_TRY(check_ld("ldy", a.ldy, "n", a.n));
+    if (pointers) {
+        QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
+        QG_TRY(check_ptr(a.qweight, "qweight", 4, "int32 words"));
+        QG_TRY(check_ptr(a.scales, "scales", dtype_size(a.scale_dtype), dtype_name(a.scale_dtype)));
+        QG_TRY(check_opt_ptr(a.qzeros, "qzeros", 4, "int32 words"));
+        QG_TRY(check_ptr(a.y, "y", dtype_size(a.y_dtype), dtype_name(a.y_dtype)));
+    }
+    return QG_OK;
+}
+
+qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
+    QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
+    EnumText t;
+    const GgufFormat* f = gguf_format(a.format);
+    QG_CHECK(format_name(a.format) != nullptr, "format=%s is not a qg_format value", t(nullptr, a.format));
+    QG_CHECK(f != nullptr, "format=%s is not a GGUF block format (Q8_0, Q4_0, Q4_K, Q6_K, IQ4_XS, IQ3_XXS)",
+             format_name(a.format));
+    QG_TRY(check_positive("n", a.n));
+    QG_TRY(check_positive("k", a.k));
+    QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name,
+             f->elems);
+    const int64_t row_bytes = a.k / f->elems * f->bytes;
+    QG_CHECK(a.ldw >= row_bytes, "ldw=%lld < %lld bytes per row (k=%lld is %lld %s blocks of %d bytes)", (ll)a.ldw,
+             (ll)row_bytes, (ll)a.k, (ll)(a.k / f->elems), f->name, f->bytes);
+    QG_CHECK(a.ldw % 2 == 0, "ldw=%lld is odd: GGUF rows must start 2-byte aligned (fp16 scales)", (ll)a.ldw);
+    QG_TRY(check_dtype("x_dtype", a.x_dtype, kF32 | kF16 | kBF16, "GGUF GEMM (fp32, fp16 or bf16)"));
+    QG_TRY(check_y_dtype("y_dtype", a.y_dtype, "x_dtype", a.x_dtype));
+    QG_TRY(check_ld("ldx", a.ldx, "k", a.k));
+    QG_TRY(check_ld("ldy", a.ldy, "n", a.n));
+    if (pointers) {
+        QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
+        QG_TRY(check_ptr(a.w, "w", 2, "GGUF blocks hold fp16 scales"));
+        QG_TRY(check_ptr(a.y, "y", dtype_size(a.y_dtype), dtype_name(a.y_dtype)));
+    }
+    return QG_OK;
+}
+
+qg_status check_mxfp4(const qg_mxfp4_gemm_args& a, bool pointers) {
+    QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
+    QG_TRY(check_positive("n", a.n));
+    QG_TRY(check_positive("k", a.k));
+    QG_CHECK(a.k % 32 == 0, "k=%lld is not a multiple of 32 (MXFP4 blocks)", (ll)a.k);
+    QG_TRY(check_dtype("x_dtype", a.x_dtype, kF32 | kF16 | kBF16, "MXFP4 GEMM (fp32, fp16 or bf16)"));
+    QG_TRY(check_y_dtype("y_dtype", a.y_dtype, "x_dtype", a.x_dtype));
+    if (a.bias != nullptr)
+        QG_TRY(check_dtype("bias_dtype", a.bias_dtype, kF32 | kF16 | kBF16, "MXFP4 bias (fp32, fp16 or bf16)"));
+    QG_TRY(check_ld("ldx", a.ldx, "k", a.k));
+    QG_TRY(check_ld("ldy", a.ldy, "n", a.n));
+    if (pointers) {
+        QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
+        QG_TRY(check_ptr(a.blocks, "blocks", 1, "bytes"));
+        QG_TRY(check_ptr(a.scales, "scales", 1, "bytes"));
+        if (a.bias != nullptr) QG_TRY(check_ptr(a.bias, "bias", dtype_size(a.bias_dtype), dtype_name(a.bias_dtype)));
+        QG_TRY(check_ptr(a.y, "y", dtype_size(a.y_dtype), dtype_name(a.y_dtype)));
+    }
+    return QG_OK;
+}
+
+// Shared by align and both stages: routing sizes.
+qg_status check_routing_sizes(int64_t T, int32_t top_k, int32_t E, int32_t tile_m) {
+    QG_CHECK(T >= 0, "num_tokens=%lld is negative", (ll)T);
+    QG_CHECK(E >= 1, "num_experts=%d must be positive", E);
+    QG_CHECK(top_k >= 1, "top_k=%d is < 1", top_k);
+    QG_CHECK(top_k <= E, "top_k=%d > num_experts=%d", top_k, E);
+    QG_CHECK(tile_m == 16 || tile_m == 32 || tile_m == 64, "tile_m=%d is not one of 16, 32, 64", tile_m);
+    int64_t max_sorted, max_tiles;
+    qg::moe_align_sizes(T, top_k, E, tile_m, &max_sorted, &max_tiles);
+    QG_CHECK(max_sorted <= INT32_MAX, "num_tokens=%lld x top_k=%d gives %lld sorted slots: more than int32 indices hold",
+             (ll)T, top_k, (ll)max_sorted);
+    return QG_OK;
+}
+
+qg_status check_routing_ptrs(const int32_t* sorted_ids, const int32_t* tile_experts, const int32_t* num_sorted) {
+    QG_TRY(check_ptr(sorted_ids, "sorted_ids", 4, "int32"));
+    QG_TRY(check_ptr(tile_experts, "tile_experts", 4, "int32"));
+    QG_TRY(check_ptr(num_sorted, "num_sorted", 4, "int32"));
+    return QG_OK;
+}
+
+qg_status check_moe_dims(int64_t hidden, int64_t intermediate) {
+    QG_TRY(check_positive("hidden", hidden));
+    QG_TRY(check_positive("intermediate", intermediate));
+    QG_CHECK(hidden % 32 == 0, "hidden=%lld is not a multiple of 32 (MXFP4 blocks)", (ll)hidden);
+    QG_CHECK(intermediate % 32 == 0, "intermediate=%lld is not a multiple of 32 (MXFP4 blocks)", (ll)intermediate);
+    return QG_OK;
+}
+
+qg_status check_moe_stage1(const qg_moe_stage1_args& a) {
+    QG_TRY(check_routing_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m));
+    QG_TRY(check_moe_dims(a.hidden, a.intermediate));
+    QG_TRY(check_dtype("x_dtype", a.x_dtype, kF32 | kF16 | kBF16, "MoE (fp32, fp16 or bf16)"));
+    QG_TRY(check_ld("ldx", a.ldx, "hidden", a.hidden));
+    EnumText t;
+    QG_CHECK(a.activation == QG_ACT_SILU_GLU || a.activation == QG_ACT_SWIGLU_OAI,
+             "activation=%s is not a qg_activation value", t(nullptr, a.activation));
+    QG_CHECK(a.gate_up_layout == QG_GATE_UP_CONCAT || a.gate_up_layout == QG_GATE_UP_INTERLEAVED,
+             "gate_up_layout=%s is not a qg_gate_up_layout value", t(nullptr, a.gate_up_layout));
+    if (a.activation == QG_ACT_SWIGLU_OAI) {
+        QG_CHECK(isfinite(a.swiglu_alpha), "swiglu_alpha=%g is not finite", (double)a.swiglu_alpha);
+        QG_CHECK(isfinite(a.swiglu_limit) && a.swiglu_limit > 0, "swiglu_limit=%g must be finite and > 0",
+                 (double)a.swiglu_limit);
+    }
+    if (a.w13_bias != nullptr)
+        QG_TRY(check_dtype("bias_dtype", a.bias_dtype, kF32 | kF16 | kBF16, "MoE bias (fp32, fp16 or bf16)"));
+    QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
+    QG_TRY(check_routing_ptrs(a.sorted_ids, a.tile_experts, a.num_sorted));
+    QG_TRY(check_ptr(a.w13_blocks, "w13_blocks", 1, "bytes"));
+    QG_TRY(check_ptr(a.w13_scales, "w13_scales", 1, "bytes"));
+    if (a.w13_bias != nullptr)
+        QG_TRY(check_ptr(a.w13_bias, "w13_bias", dtype_size(a.bias_dtype), dtype_name(a.bias_dtype)));
+    QG_TRY(check_ptr(a.act, "act", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
+    return QG_OK;
+}
+
+qg_status check_moe_stage2(const qg_moe_stage2_args& a) {
+    QG_TRY(check_routing_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m));
+    QG_TRY(check_moe_dims(a.hidden, a.intermediate));
+    QG_TRY(check_dtype("act_dtype", a.act_dtype, kF32 | kF16 | kBF16, "MoE (fp32, fp16 or bf16)"));
+    QG_TRY(check_dtype("y_dtype", a.y_dtype, kF32 | kF16 | kBF16, "MoE (fp32, fp16 or bf16)"));
+    QG_TRY(check_ld("ldy", a.ldy, "hidden", a.hidden));
+    if (a.w2_bias != nullptr)
+        QG_TRY(check_dtype("bias_dtype", a.bias_dtype, kF32 | kF16 | kBF16, "MoE bias (fp32, fp16 or bf16)"));
+    QG_TRY(check_ptr(a.act, "act", dtype_size(a.act_dtype), dtype_name(a.act_dtype)));
+    QG_TRY(check_routing_ptrs(a.sorted_ids, a.tile_experts, a.num_sorted));
+    QG_TRY(check_ptr(a.w2_blocks, "w2_blocks", 1, "bytes"));
+    QG_TRY(check_ptr(a.w2_scales, "w2_scales", 1, "bytes"));
+    if (a.w2_bias != nullptr)
+        QG_TRY(check_ptr(a.w2_bias, "w2_bias", dtype_size(a.bias_dtype), dtype_name(a.bias_dtype)));
+    QG_TRY(check_ptr(a.topk_weights, "topk_weights", 4, "float32"));
+    QG_TRY(check_ptr(a.y, "y", dtype_size(a.y_dtype), dtype_name(a.y_dtype)));
+    return QG_OK;
+}
+
+// ------------------------------------------------------------------ contexts and events
+
+// CPU model name from /proc/cpuinfo, "CPU" where that is not available.
+void cpu_model_name(char* buf, size_t size) {
+    snprintf(buf, size, "CPU");
+    FILE* f = fopen("/proc/cpuinfo", "r");
+    if (f == nullptr) return;
+    char line[512];
+    while (fgets(line, sizeof(line), f) != nullptr) {
+        if (strncmp(line, "model name", 10) != 0) continue;
+        const char* colon = strchr(line, ':');
+        if (colon == nullptr) break;
+        const char* v = colon + 1;
+        while (*v == ' ' || *v == '\t') ++v;
+        snprintf(buf, size, "%s", v);
+        buf[strcspn(buf, "\r\n")] = '\0';
+        break;
+    }
+    fclose(f);
+}
+
+// The CPU backend ignores streams; qg_stream_create hands out this token so that a
+// created stream is never NULL.
+char g_cpu_stream_token;
+
+const char* unsupported_gpu_family(const char* family) {
+    static thread_local char buf[160];
+    snprintf(buf, sizeof(buf), "%s has no GPU tier in this build yet; use a CPU context", family);
+    return buf;
+}
+
+}  // namespace
+
+// The event object behind qg_event*: a host timestamp (CPU) or a GPU runtime event.
+struct qg_event {
+    qg_backend backend = QG_BACKEND_CPU;
+    void* gpu = nullptr;
+    std::chrono::steady_clock::time_point time{};
+    bool recorded = false;
+};
+
+namespace {
+
+// An event must belong to the backend of the context it is used with.
+qg_status check_event(const qg_context* ctx, const qg_event* e, const char* name) {
+    QG_CHECK(e != nullptr, "%s is NULL", name);
+    QG_CHECK(e->backend == ctx->backend, "%s was created by a %s context, not this %s context", name,
+             backend_name(e->backend), backend_name(ctx->backend));
+    return QG_OK;
+}
+}  // namespace
+
+extern "C" {
+
+// ------------------------------------------------------------------ status, build
+
+QG_API const char* qg_status_string(qg_status status) {
+    switch ((int)status) {
+        case QG_OK: return "QG_OK";
+        case QG_ERR_INVALID_ARGUMENT: return "QG_ERR_INVALID_ARGUMENT";
+        case QG_ERR_UNSUPPORTED: return "QG_ERR_UNSUPPORTED";
+        case QG_ERR_DEVICE: return "QG_ERR_DEVICE";
+        case QG_ERR_OUT_OF_MEMORY: return "QG_ERR_OUT_OF_MEMORY";
+        case QG_ERR_INTERNAL: return "QG_ERR_INTERNAL";
+        default: return "unknown status";
+    }
+}
+
+QG_API const char* qg_last_error(void) { return qg::last_error(); }
+
+QG_API int qg_version(void) { return QG_VERSION_MAJOR * 10000 + QG_VERSION_MINOR * 100 + QG_VERSION_PATCH; }
+
+QG_API int qg_format_version(void) { return QG_FORMAT_VERSION; }
+
+QG_API const char* qg_build_info(void) { return qg::build_info(); }
+
+QG_API qg_status qg_format_block(qg_format format, int32_t* block_elems, int32_t* block_bytes) {
+    return guarded("qg_format_block", [&]() -> qg_status {
+        QG_CHECK(block_elems != nullptr, "block_elems is NULL");
+        QG_CHECK(block_bytes != nullptr, "block_bytes is NULL");
+        EnumText t;
+        const int f = format;
+        QG_CHECK(format_name(f) != nullptr, "format=%s is not a qg_format value", t(nullptr, f));
+        if (f == QG_FORMAT_INT4) {
+            *block_elems = 8;  // one int32 word of 8 nibbles
+            *block_bytes = 4;
+        } else if (f == QG_FORMAT_MXFP4) {
+            *block_elems = qg::MXFP4_BLOCK;
+            *block_bytes = qg::MXFP4_BLOCK_BYTES + 1;  // 16 code bytes + one E8M0 scale byte
+        } else {
+            const GgufFormat* g = gguf_format(f);
+            *block_elems = g->elems;
+            *block_bytes = g->bytes;
+        }
+        return QG_OK;
+    });
+}
+
+// ------------------------------------------------------------------ context
+
+QG_API qg_status qg_device_count(qg_backend backend, int* count) {
+    return guarded("qg_device_count", [&]() -> qg_status {
+        QG_CHECK(count != nullptr, "count is NULL");
+        EnumText t;
+        const int b = backend;
+        QG_CHECK(backend_name(b) != nullptr, "backend=%s is not a qg_backend value", t(nullptr, b));
+        if (b == QG_BACKEND_CPU) {
+            *count = 1;
+            return QG_OK;
+        }
+        *count = 0;
+#if defined(QG_HAVE_GPU)
+        if (b == kGpuBackend) {
+            int n = 0;
+            if (qg::gpu_device_count(&n) == QG_OK) *count = n;  // no driver / no device: 0
+        }
+#endif
+        return QG_OK;
+    });
+}
+
+QG_API qg_status qg_context_create(qg_backend backend, int device, qg_context** ctx) {
+    return guarded("qg_context_create", [&]() -> qg_status {
+        QG_CHECK(ctx != nullptr, "ctx is NULL");
+        EnumText t;
+        const int b = backend;
+        QG_CHECK(backend_name(b) != nullptr, "backend=%s is not a qg_backend value", t(nullptr, b));
+        QG_CHECK(device >= 0, "device=%d is negative", device);
+        if (b == QG_BACKEND_CPU) {
+            QG_CHECK(device == 0, "device=%d: QG_BACKEND_CPU has the one device 0", device);
+            qg_context* c = new qg_context();
+            c->backend = QG_BACKEND_CPU;
+            c->device = 0;
+            cpu_model_name(c->name, sizeof(c->name));
+            *ctx = c;
+            return QG_OK;
+        }
+        if (b != kGpuBackend) {
+            return set_error(QG_ERR_UNSUPPORTED, "%s is not compiled into this build (%s)", backend_name(b),
+                             qg::build_info());
+        }
+#if defined(QG_HAVE_GPU)
+        int n = 0;
+        if (qg::gpu_device_count(&n) != QG_OK) {
+            char why[512];
+            snprintf(why, sizeof(why), "%s", qg::last_error());
+            return set_error(QG_ERR_DEVICE, "no %s device: %s", kGpuName, why);
+        }
+        if (n == 0) return set_error(QG_ERR_DEVICE, "no %s device: the runtime reports 0 devices", kGpuName);
+        QG_CHECK(device < n, "device=%d is out of range: the %s runtime reports %d device(s)", device, kGpuName, n);
+        qg_context* c = new qg_context();
+        c->backend = (qg_backend)b;
+        c->device = device;
+        const qg_status st = qg::gpu_context_init(c);
+        if (st != QG_OK) {
+            delete c;
+            return st;
+        }
+        qg::log_once("context %s device %d: %s, %d SMs, cc %d.%d, L2 %zu bytes", backend_name(b), device, c->name,
+                     c->sm_count, c->cc_major, c->cc_minor, c->l2_bytes);
+        *ctx = c;
+        return QG_OK;
+#else
+        return set_error(QG_ERR_INTERNAL, "unreachable: GPU backend without QG_HAVE_GPU");
+#endif
+    });
+}
+
+QG_API qg_status qg_context_destroy(qg_context* ctx) {
+    delete ctx;  // NULL is a no-op, as free(NULL) is
+    return QG_OK;
+}
+
+QG_API qg_status qg_context_backend(const qg_context* ctx, qg_backend* backend) {
+    QG_TRY(check_ctx(ctx));
+    QG_CHECK(backend != nullptr, "backend is NULL");
+    *backend = ctx->backend;
+    return QG_OK;
+}
+
+QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t buf_size) {
+    QG_TRY(check_ctx(ctx));
+    QG_CHECK(buf != nullptr, "buf is NULL");
+    QG_CHECK(buf_size > 0, "buf_size=0 leaves no room for the name");
+    snprintf(buf, buf_size, "%s", ctx->name);
+    return QG_OK;
+}
+
+QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_t value) {
+    QG_TRY(check_ctx(ctx));
+    QG_CHECK(name != nullptr, "name is NULL");
+    struct Option {
+        const char* name;
+        int64_t qg_context::*field;
+        int64_t lo, hi;
+        const char* values;  // accepted values, for the message
+    };
+    static const Option options[] = {
+        {"cpu_threads", &qg_context::cpu_threads, 0, 4096, "0 (all hardware threads) .. 4096"},
+        {"w4a16_tier", &qg_context::w4a16_tier, 0, 3, "0 auto, 1 reference, 2 decode, 3 prefill"},
+        {"gguf_tier", &qg_context::gguf_tier, 0, 3, "0 auto, 2 decode, 3 prefill"},
+        {"split_k", &qg_context::split_k, 0, 256, "0 (auto) .. 256"},
+    };
+    for (const Option& o : options) {
+        if (strcmp(o.name, name) != 0) continue;
+        const bool gguf_gap = strcmp(name, "gguf_tier") == 0 && value == 1;  // gguf has no reference tier
+        QG_CHECK(value >= o.lo && value <= o.hi && !gguf_gap, "option %s=%lld is out of range (%s)", name, (ll)value,
+                 o.values);
+        ctx->*o.field = value;
+        return QG_OK;
+    }
+    return set_error(QG_ERR_INVALID_ARGUMENT, "unknown option \"%s\" (known: cpu_threads, w4a16_tier, gguf_tier, split_k)",
+                     name);
+}
+
+// ------------------------------------------------------------------ memory, streams, events
+
+QG_API qg_status qg_malloc(qg_context* ctx, size_t bytes, void** ptr) {
+    return guarded("qg_malloc", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        QG_CHECK(ptr != nullptr, "ptr is NULL");
+        if (is_gpu(ctx)) {
+#if defined(QG_HAVE_GPU)
+            return qg::gpu_malloc(ctx, bytes, ptr);
+#endif
+        }
+        // 64-byte aligned host memory; aligned_alloc wants a multiple of the alignment
+        QG_CHECK(bytes <= SIZE_MAX - 64, "bytes=%zu is too large", bytes);
+        const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+        void* p = aligned_alloc(64, rounded);
+        if (p == nullptr) return set_error(QG_ERR_OUT_OF_MEMORY, "could not allocate %zu bytes of host memory", bytes);
+        *ptr = p;
+        return QG_OK;
+    });
+}
+
+QG_API qg_status qg_free(qg_context* ctx, void* ptr) {
+    QG_TRY(check_ctx(ctx));
+    if (ptr == nullptr) return QG_OK;
+#if defined(QG_HAVE_GPU)
+    if (is_gpu(ctx)) return qg::gpu_free(ctx, ptr);
+#endif
+    free(ptr);
+    return QG_OK;
+}
+
+QG_API qg_status qg_memcpy(qg_context* ctx, void* dst, const void* src, size_t bytes, qg_copy_kind kind,
+                           qg_stream stream) {
+    QG_TRY(check_ctx(ctx));
+    const int k = kind;
+    QG_CHECK(k >= QG_COPY_HOST_TO_HOST && k <= QG_COPY_DEVICE_TO_DEVICE, "kind=%d is not a qg_copy_kind value", k);
+    if (bytes == 0) return QG_OK;
+    QG_CHECK(dst != nullptr, "dst is NULL");
+    QG_CHECK(src != nullptr, "src is NULL");
+#if defined(QG_HAVE_GPU)
+    if (is_gpu(ctx)) return qg::gpu_memcpy(ctx, dst, src, bytes, kind, stream);
+#endif
+    memmove(dst, src, bytes);  // CPU backend: every kind is host memory
+    return QG_OK;
+}
+
+QG_API qg_status qg_memset(qg_context* ctx, void* dst, int value, size_t bytes, qg_stream stream) {
+    QG_TRY(check_ctx(ctx));
+    if (bytes == 0) return QG_OK;
+    QG_CHECK(dst != nullptr, "dst is NULL");
+#if defined(QG_HAVE_GPU)
+    if (is_gpu(ctx)) return qg::gpu_memset(ctx, dst, value, bytes, stream);
+#endif
+    memset(dst, value, bytes);
+    return QG_OK;
+}
+
+QG_API qg_status qg_stream_create(qg_context* ctx, qg_stream* stream) {
+    QG_TRY(check_ctx(ctx));
+    QG_CHECK(stream != nullptr, "stream is NULL");
+#if defined(QG_HAVE_GPU)
+    if (is_gpu(ctx)) return qg::gpu_stream_create(ctx, stream);
+#endif
+    *stream = &g_cpu_stream_token;
+    return QG_OK;
+}
+
+QG_API qg_status qg_stream_destroy(qg_context* ctx, qg_stream stream) {
+    QG_TRY(check_ctx(ctx));
+    if (stream == nullptr) return QG_OK;  // the default stream is never destroyed
+#if defined(QG_HAVE_GPU)
+    if (is_gpu(ctx)) return qg::gpu_stream_destroy(ctx, stream);
+#endif
+    return QG_OK;
+}
+
+QG_API qg_status qg_stream_synchronize(qg_context* ctx, qg_stream stream) {
+    QG_TRY(check_ctx(ctx));
+#if defined(QG_HAVE_GPU)
+    if (is_gpu(ctx)) return qg::gpu_stream_synchronize(ctx, stream);
+#endif
+    return QG_OK;  // the CPU backend runs synchronously
+}
+
+QG_API qg_status qg_event_create(qg_context* ctx, qg_event** event) {
+    return guarded("qg_event_create", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        QG_CHECK(event != nullptr, "event is NULL");
+        qg_event* e = new qg_event();
+        e->backend = ctx->backend;
+#if defined(QG_HAVE_GPU)
+        if (is_gpu(ctx)) {
+            const qg_status st = qg::gpu_event_create(ctx, &e->gpu);
+            if (st != QG_OK) {
+                delete e;
+                return st;
+            }
+        }
+#endif
+        *event = e;
+        return QG_OK;
+    });
+}
+
+QG_API qg_status qg_event_destroy(qg_context* ctx, qg_event* event) {
+    QG_TRY(check_ctx(ctx));
+    if (event == nullptr) return QG_OK;
+    QG_TRY(check_event(ctx, event, "event"));
+    qg_status st = QG_OK;
+#if defined(QG_HAVE_GPU)
+    if (is_gpu(ctx)) st = qg::gpu_event_destroy(ctx, event->gpu);
+#endif
+    delete event;
+    return st;
+}
+
+QG_API qg_status qg_event_record(qg_context* ctx, qg_event* event, qg_stream stream) {
+    QG_TRY(check_ctx(ctx));
+    QG_TRY(check_event(ctx, event, "event"));
+#if defined(QG_HAVE_GPU)
+    if (is_gpu(ctx)) {
+        QG_TRY(qg::gpu_event_record(ctx, event->gpu, stream));
+        event->recorded = true;
+        return QG_OK;
+    }
+#endif
+    event->time = std::chrono::steady_clock::now();
+    event->recorded = true;
+    return QG_OK;
+}
+
+QG_API qg_status qg_event_synchronize(qg_context* ctx, qg_event* event) {
+    QG_TRY(check_ctx(ctx));
+    QG_TRY(check_event(ctx, event, "event"));
+#if defined(QG_HAVE_GPU)
+    if (is_gpu(ctx)) return qg::gpu_event_synchronize(ctx, event->gpu);
+#endif
+    return QG_OK;
+}
+
+QG_API qg_status qg_event_elapsed_ms(qg_context* ctx, qg_event* start, qg_event* stop, float* ms) {
+    QG_TRY(check_ctx(ctx));
+    QG_TRY(check_event(ctx, start, "start"));
+    QG_TRY(check_event(ctx, stop, "stop"));
+    QG_CHECK(ms != nullptr, "ms is NULL");
+    QG_CHECK(start->recorded, "start was never recorded (qg_event_record)");
+    QG_CHECK(stop->recorded, "stop was never recorded (qg_event_record)");
+#if defined(QG_HAVE_GPU)
+    if (is_gpu(ctx)) return qg::gpu_event_elapsed_ms(ctx, start->gpu, stop->gpu, ms);
+#endif
+    *ms = std::chrono::duration<float, std::milli>(stop->time - start->time).count();
+    return QG_OK;
+}
+
+// ------------------------------------------------------------------ W4A16
+
+QG_API qg_status qg_w4a16_gemm_workspace_size(qg_context* ctx, const qg_w4a16_gemm_args* args, size_t* bytes) {
+    return guarded("qg_w4a16_gemm_workspace_size", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        qg_w4a16_gemm_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(bytes != nullptr, "bytes is NULL");
+        QG_TRY(check_w4a16(a, false));
+        size_t need = 0;
+#if defined(QG_HAVE_GPU_W4A16)
+        if (is_gpu(ctx) && a.m > 0) need = qg::gpu_w4a16_gemm_workspace(ctx, &a);
+#endif
+        *bytes = need;
+        return QG_OK;
+    });
+}
+
+QG_API qg_status qg_w4a16_gemm(qg_context* ctx, const qg_w4a16_gemm_args* args, qg_stream stream) {
+    return guarded("qg_w4a16_gemm", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        qg_w4a16_gemm_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
+        if (a.m == 0) return QG_OK;
+        QG_TRY(check_w4a16(a, true));
+        if (!is_gpu(ctx)) {
+            qg::log_once("w4a16 tier=cpu m=%lld n=%lld k=%lld group_size=%d %s", (ll)a.m, (ll)a.n, (ll)a.k,
+                         a.group_size, a.qzeros ? "asym" : "sym");
+            return qg::cpu_w4a16_gemm(ctx, &a);
+        }
+#if defined(QG_HAVE_GPU_W4A16)
+        QG_TRY(check_workspace(a.workspace, a.workspace_bytes, qg::gpu_w4a16_gemm_workspace(ctx, &a),
+                               "qg_w4a16_gemm_workspace_size"));
+        return qg::gpu_w4a16_gemm(ctx, &a, stream);
+#else
+        return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("W4A16 GEMM"));
+#endif
+    });
+}
+
+// ------------------------------------------------------------------ GGUF
+
+QG_API qg_status qg_gguf_gemm_workspace_size(qg_context* ctx, const qg_gguf_gemm_args* args, size_t* bytes) {
+    return guarded("qg_gguf_gemm_workspace_size", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        qg_gguf_gemm_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(bytes != nullptr, "bytes is NULL");
+        QG_TRY(check_gguf(a, false));
+        size_t need = 0;
+#if defined(QG_HAVE_GPU_GGUF)
+        if (is_gpu(ctx) && a.m > 0) need = qg::gpu_gguf_gemm_workspace(ctx, &a);
+#endif
+        *bytes = need;
+        return QG_OK;
+    });
+}
+
+QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg_stream stream) {
+    return guarded("qg_gguf_gemm", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        qg_gguf_gemm_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
+        if (a.m == 0) return QG_OK;
+        QG_TRY(check_gguf(a, true));
+        if (!is_gpu(ctx)) {
+            qg::log_once("gguf tier=cpu format=%s m=%lld n=%lld k=%lld x=%s", format_name(a.format), (ll)a.m, (ll)a.n,
+                         (ll)a.k, dtype_name(a.x_dtype));
+            return qg::cpu_gguf_gemm(ctx, &a);
+        }
+#if defined(QG_HAVE_GPU_GGUF)
+        QG_TRY(check_workspace(a.workspace, a.workspace_bytes, qg::gpu_gguf_gemm_workspace(ctx, &a),
+                               "qg_gguf_gemm_workspace_size"));
+        return qg::gpu_gguf_gemm(ctx, &a, stream);
+#else
+        return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("GGUF GEMM"));
+#endif
+    });
+}
+
+// ------------------------------------------------------------------ MXFP4 dense
+
+QG_API qg_status qg_mxfp4_gemm_workspace_size(qg_context* ctx, const qg_mxfp4_gemm_args* args, size_t* bytes) {
+    return guarded("qg_mxfp4_gemm_workspace_size", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        qg_mxfp4_gemm_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(bytes != nullptr, "bytes is NULL");
+        QG_TRY(check_mxfp4(a, false));
+        *bytes = 0;
+        return QG_OK;
+    });
+}
+
+QG_API qg_status qg_mxfp4_gemm(qg_context* ctx, const qg_mxfp4_gemm_args* args, qg_stream stream) {
+    return guarded("qg_mxfp4_gemm", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        qg_mxfp4_gemm_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
+        if (a.m == 0) return QG_OK;
+        QG_TRY(check_mxfp4(a, true));
+        if (is_gpu(ctx)) return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("mxfp4 GEMM"));
+        qg::log_once("mxfp4 tier=cpu m=%lld n=%lld k=%lld x=%s bias=%s", (ll)a.m, (ll)a.n, (ll)a.k,
+                     dtype_name(a.x_dtype), a.bias ? "yes" : "no");
+        return qg::cpu_mxfp4_gemm(ctx, &a);
+    });
+}
+
+// ------------------------------------------------------------------ MXFP4 MoE
+
+QG_API qg_status qg_moe_align_sizes(int64_t num_tokens, int32_t top_k, int32_t num_experts, int32_t tile_m,
+                                    int64_t* max_sorted, int64_t* max_tiles) {
+    QG_TRY(check_routing_sizes(num_tokens, top_k, num_experts, tile_m));
+    QG_CHECK(max_sorted != nullptr, "max_sorted is NULL");
+    QG_CHECK(max_tiles != nullptr, "max_tiles is NULL");
+    qg::moe_align_sizes(num_tokens, top_k, num_experts, tile_m, max_sorted, max_tiles);
+    return QG_OK;
+}
+
+QG_API qg_status qg_moe_align(qg_context* ctx, const qg_moe_align_args* args, qg_stream stream) {
+    return guarded("qg_moe_align", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        qg_moe_align_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(a.num_tokens >= 0, "num_tokens=%lld is negative", (ll)a.num_tokens);
+        if (a.num_tokens == 0) return QG_OK;
+        QG_TRY(check_routing_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m));
+        QG_TRY(check_ptr(a.topk_ids, "topk_ids", 4, "int32"));
+        QG_TRY(check_routing_ptrs(a.sorted_ids, a.tile_experts, a.num_sorted));
+        if (is_gpu(ctx)) return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("MoE align"));
+        qg::log_once("moe_align tier=cpu tokens=%lld top_k=%d experts=%d tile_m=%d", (ll)a.num_tokens, a.top_k,
+                     a.num_experts, a.tile_m);
+        return qg::cpu_moe_align(ctx, &a);
+    });
+}
+
+QG_API qg_status qg_moe_stage1(qg_context* ctx, const qg_moe_stage1_args* args, qg_stream stream) {
+    return guarded("qg_moe_stage1", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        qg_moe_stage1_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(a.num_tokens >= 0, "num_tokens=%lld is negative", (ll)a.num_tokens);
+        if (a.num_tokens == 0) return QG_OK;
+        QG_TRY(check_moe_stage1(a));
+        if (is_gpu(ctx)) return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("MoE stage 1"));
+        qg::log_once("moe_stage1 tier=cpu tokens=%lld hidden=%lld intermediate=%lld experts=%d top_k=%d", (ll)a.num_tokens,
+                     (ll)a.hidden, (ll)a.intermediate, a.num_experts, a.top_k);
+        return qg::cpu_moe_stage1(ctx, &a);
+    });
+}
+
+QG_API qg_status qg_moe_stage2(qg_context* ctx, const qg_moe_stage2_args* args, qg_stream stream) {
+    return guarded("qg_moe_stage2", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        qg_moe_stage2_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(a.num_tokens >= 0, "num_tokens=%lld is negative", (ll)a.num_tokens);
+        if (a.num_tokens == 0) return QG_OK;
+        QG_TRY(check_moe_stage2(a));
+        if (is_gpu(ctx)) return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("MoE stage 2"));
+        qg::log_once("moe_stage2 tier=cpu tokens=%lld hidden=%lld intermediate=%lld experts=%d top_k=%d", (ll)a.num_tokens,
+                     (ll)a.hidden, (ll)a.intermediate, a.num_experts, a.top_k);
+        return qg::cpu_moe_stage2(ctx, &a);
+    });
+}
+
+}  // extern "C"

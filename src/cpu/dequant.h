@@ -1,0 +1,242 @@
+// Host decoders of every quantized format: the ONE definition of each format's math
+// in host code (gguf.cpp, mxfp4.cpp, moe.cpp and w4a16.cpp call these).
+//
+// GGUF decoders are bit-exact with gguf.quants.dequantize (gguf-py): the same float32
+// operations in the same order, each rounded (the library is built with
+// -ffp-contract=off so that no multiply-add is fused). The order is quoted above each
+// decoder. Blocks are read through byte pointers: GGUF rows have a byte stride and
+// blocks of 34 or 18 bytes, so fields are not naturally aligned.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu/convert.h"
+#include "formats/blocks.h"
+#include "formats/iq_tables.h"
+
+namespace qg {
+namespace cpu {
+
+inline uint16_t ld_u16(const uint8_t* p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+inline uint32_t ld_u32(const uint8_t* p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+inline float ld_f16(const uint8_t* p) { return f16_to_f32(ld_u16(p)); }
+
+static const int8_t kvalues_iq4nl[16] = QG_KVALUES_IQ4NL;
+static const uint32_t iq3xxs_grid[256] = QG_IQ3XXS_GRID;
+static const uint8_t ksigns_iq2xs[128] = QG_KSIGNS_IQ2XS;
+
+// Block decoders: Decoder<block>::decode(block bytes, out[elems]).
+template <class Block>
+struct Decoder;
+
+// Q8_0: x * d
+template <>
+struct Decoder<block_q8_0> {
+    static constexpr int elems = 32;
+    static void decode(const uint8_t* b, float* out) {
+        const float d = ld_f16(b + offsetof(block_q8_0, d));
+        const int8_t* qs = (const int8_t*)(b + offsetof(block_q8_0, qs));
+        for (int i = 0; i < 32; ++i) out[i] = (float)qs[i] * d;
+    }
+};
+
+// Q4_0: d * (q - 8); element i < 16 = low nibble of qs[i], element i + 16 = high nibble
+template <>
+struct Decoder<block_q4_0> {
+    static constexpr int elems = 32;
+    static void decode(const uint8_t* b, float* out) {
+        const float d = ld_f16(b + offsetof(block_q4_0, d));
+        const uint8_t* qs = b + offsetof(block_q4_0, qs);
+        for (int i = 0; i < 16; ++i) {
+            out[i] = d * (float)((int)(qs[i] & 0x0f) - 8);
+            out[i + 16] = d * (float)((int)(qs[i] >> 4) - 8);
+        }
+    }
+};
+
+// 6-bit scale and min of sub-block j (0..7) of a Q4_K block, from its 12 scale bytes:
+// j < 4 : sc = s[j] & 63,                         m = s[j+4] & 63
+// j >= 4: sc = (s[j+4] & 15) | ((s[j-4] >> 6) << 4), m = (s[j+4] >> 4) | ((s[j] >> 6) << 4)
+inline void q4_K_scale_min(const uint8_t* s, int j, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// Q4_K: (d * sc) * q - (dmin * m); sub-block 2c = low nibbles of qs[32c..32c+31],
+// sub-block 2c+1 = their high nibbles
+template <>
+struct Decoder<block_q4_K> {
+    static constexpr int elems = QK_K;
+    static void decode(const uint8_t* b, float* out) {
+        const float d = ld_f16(b + offsetof(block_q4_K, d));
+        const float dmin = ld_f16(b + offsetof(block_q4_K, dmin));
+        const uint8_t* scales = b + offsetof(block_q4_K, scales);
+        const uint8_t* qs = b + offsetof(block_q4_K, qs);
+        for (int c = 0; c < 4; ++c) {
+            int sc0, m0, sc1, m1;
+            q4_K_scale_min(scales, 2 * c, &sc0, &m0);
+            q4_K_scale_min(scales, 2 * c + 1, &sc1, &m1);
+            const float d0 = d * (float)sc0, dm0 = dmin * (float)m0;
+            const float d1 = d * (float)sc1, dm1 = dmin * (float)m1;
+            const uint8_t* q = qs + 32 * c;
+            float* o = out + 64 * c;
+            for (int i = 0; i < 32; ++i) {
+                o[i] = d0 * (float)(q[i] & 0x0f) - dm0;
+                o[i + 32] = d1 * (float)(q[i] >> 4) - dm1;
+            }
+        }
+    }
+};
+
+// Q6_K: (d * sc[e/16]) * (q - 32), q = low 4 bits from ql | high 2 bits from qh << 4.
+// Element e, half h = e/128, r = e%128:
+//   low  = ql[64h + r%64] >> (4 * (r/64)) & 15,   high = qh[32h + r%32] >> (2 * (r/32)) & 3
+template <>
+struct Decoder<block_q6_K> {
+    static constexpr int elems = QK_K;
+    static void decode(const uint8_t* b, float* out) {
+        const uint8_t* ql = b + offsetof(block_q6_K, ql);
+        const uint8_t* qh = b + offsetof(block_q6_K, qh);
+        const int8_t* sc = (const int8_t*)(b + offsetof(block_q6_K, scales));
+        const float d = ld_f16(b + offsetof(block_q6_K, d));
+        float ds[16];
+        for (int j = 0; j < 16; ++j) ds[j] = d * (float)sc[j];
+        for (int h = 0; h < 2; ++h) {
+            for (int r = 0; r < 128; ++r) {
+                const int lo = (ql[64 * h + (r & 63)] >> (4 * (r >> 6))) & 0x0f;
+                const int hi = (qh[32 * h + (r & 31)] >> (2 * (r >> 5))) & 0x03;
+                const int e = 128 * h + r;
+                out[e] = ds[e >> 4] * (float)((lo | (hi << 4)) - 32);
+            }
+        }
+    }
+};
+
+// IQ4_XS: (d * (ls - 32)) * kvalues_iq4nl[q]; ls = low nibble j%2 of scales_l[j/2] |
+// (bits 2j..2j+1 of scales_h) << 4; sub-block j: element i < 16 low nibble of qs[16j+i],
+// element i + 16 its high nibble
+template <>
+struct Decoder<block_iq4_xs> {
+    static constexpr int elems = QK_K;
+    static void decode(const uint8_t* b, float* out) {
+        const float d = ld_f16(b + offsetof(block_iq4_xs, d));
+        const uint16_t scales_h = ld_u16(b + offsetof(block_iq4_xs, scales_h));
+        const uint8_t* scales_l = b + offsetof(block_iq4_xs, scales_l);
+        const uint8_t* qs = b + offsetof(block_iq4_xs, qs);
+        for (int j = 0; j < 8; ++j) {
+            const int ls = ((scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((scales_h >> (2 * j)) & 0x03) << 4);
+            const float dl = d * (float)(ls - 32);
+            const uint8_t* q = qs + 16 * j;
+            float* o = out + 32 * j;
+            for (int i = 0; i < 16; ++i) {
+                o[i] = dl * (float)kvalues_iq4nl[q[i] & 0x0f];
+                o[i + 16] = dl * (float)kvalues_iq4nl[q[i] >> 4];
+            }
+        }
+    }
+};
+
+// IQ3_XXS: db = (d * (0.5 + s)) * 0.5, w = (db * grid) * sign.
+// Sub-block j: word aux = qs[64 + 4j .. 64 + 4j + 3] (s = aux >> 28); grid index l (0..7)
+// is qs[8j + l], giving elements 4l..4l+3; the 8 elements 8g..8g+7 take their signs from
+// ksigns_iq2xs[(aux >> 7g) & 127], bit i = element 8g+i negative.
+template <>
+struct Decoder<block_iq3_xxs> {
+    static constexpr int elems = QK_K;
+    static void decode(const uint8_t* b, float* out) {
+        const float d = ld_f16(b + offsetof(block_iq3_xxs, d));
+        const uint8_t* qs = b + offsetof(block_iq3_xxs, qs);
+        for (int j = 0; j < 8; ++j) {
+            const uint32_t aux = ld_u32(qs + QK_K / 4 + 4 * j);
+            const float db = (d * (0.5f + (float)(aux >> 28))) * 0.5f;
+            for (int g = 0; g < 4; ++g) {
+                const uint8_t signs = ksigns_iq2xs[(aux >> (7 * g)) & 127];
+                for (int i = 0; i < 8; ++i) {
+                    const int e = 8 * g + i;  // element within the sub-block
+                    const uint32_t grid = iq3xxs_grid[qs[8 * j + e / 4]];
+                    const float mag = (float)((grid >> (8 * (e % 4))) & 0xff);
+                    const float sign = (signs >> i) & 1 ? -1.0f : 1.0f;
+                    out[32 * j + e] = (db * mag) * sign;
+                }
+            }
+        }
+    }
+};
+
+// Decodes blocks [b0, b0 + nb) of one GGUF row into out[nb * elems].
+template <class Block>
+inline void decode_row_blocks(const uint8_t* row, int64_t b0, int64_t nb, float* out) {
+    for (int64_t i = 0; i < nb; ++i) {
+        Decoder<Block>::decode(row + (b0 + i) * (int64_t)sizeof(Block), out + i * Decoder<Block>::elems);
+    }
+}
+
+// ------------------------------------------------------------------ MXFP4 (OCP layout)
+
+// E2M1 code -> value times two (the gguf package's doubled table), so that the value is
+// kvalue * 2^(e - 128); both factors are exact, as is their product in float (gguf-py
+// computes the same product). Code 8 (OCP -0) decodes to +0 as in gguf-py's int8 table.
+static const float kvalues_mxfp4_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// E8M0 scale byte -> 2^(e - 128) as float bits (half the OCP scale 2^(e - 127));
+// e = 255 is NaN in OCP MX, e < 2 are float subnormals.
+inline float e8m0_half(uint8_t e) {
+    if (e == 255) return bits_float(0x7fc00000u);
+    if (e < 2) return bits_float(0x00200000u << e);
+    return bits_float((uint32_t)(e - 1) << 23);
+}
+
+// Decodes 32-element blocks [b0, b0 + nb) of one MXFP4 row: blocks [nblk, 16], scales [nblk].
+inline void decode_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t b0, int64_t nb, float* out) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t* q = blocks + (b0 + i) * MXFP4_BLOCK_BYTES;
+        const float s = e8m0_half(scales[b0 + i]);
+        float* o = out + i * MXFP4_BLOCK;
+        for (int j = 0; j < MXFP4_BLOCK_BYTES; ++j) {
+            o[2 * j] = s * kvalues_mxfp4_x2[q[j] & 0x0f];
+            o[2 * j + 1] = s * kvalues_mxfp4_x2[q[j] >> 4];
+        }
+    }
+}
+
+// ------------------------------------------------------------------ int4 group (W4A16)
+
+// Decodes k in [k0, k0 + kc) of row n: w = float(q - z) * float(s).
+//   qweight row [K/8] words, nibble i of word j = k 8j+i;  scales row [K/G] (F16 or BF16);
+//   zero z = nibble n%8 of qzeros[n/8][g] (row stride K/G words), or 8 when qzeros is NULL.
+// k0 and kc are multiples of G.
+inline void decode_int4_row(const int32_t* qweight_row, const void* scales_row, qg_dtype scale_dtype,
+                            const int32_t* qzeros, int64_t n, int64_t groups_per_row, int group_size,
+                            int64_t k0, int64_t kc, float* out) {
+    for (int64_t k = k0; k < k0 + kc; k += group_size) {
+        const int64_t g = k / group_size;
+        const float s = load_float(scale_dtype, scales_row, g);
+        const int z = qzeros == nullptr
+                          ? 8
+                          : (int)(((uint32_t)qzeros[(n / 8) * groups_per_row + g] >> (4 * (n % 8))) & 15u);
+        const uint32_t* words = (const uint32_t*)qweight_row + k / 8;
+        float* o = out + (k - k0);
+        for (int w = 0; w < group_size / 8; ++w) {
+            const uint32_t word = words[w];
+            for (int i = 0; i < 8; ++i) o[8 * w + i] = (float)((int)((word >> (4 * i)) & 15u) - z) * s;
+        }
+    }
+}
+
+}  // namespace cpu
+}  // namespace qg
