@@ -1,0 +1,428 @@
+"""The Python entry points: formats, build_info, quantize, from_gguf, from_mxfp4, gemm, moe.
+
+Where an operation runs follows from where its operands live:
+  - numpy operands -> the CPU context (CPU tier), numpy result;
+  - pyquant DeviceArrays -> their context, DeviceArray result;
+  - foreign device arrays (__cuda_array_interface__: CuPy, torch, Numba) -> the GPU
+    context (`ctx` or pyquant.gpu_context()), DeviceArray result unless `out` is given.
+Host and device operands are never mixed silently: nothing is copied behind the
+caller's back, a mix-up is an InvalidArgumentError naming the operands.
+
+When `stream` is None and x carries a CAI v3 stream, the launch goes on that stream, so
+the kernels are ordered after the producer's work without a device-wide sync.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from . import _lib
+from . import formats as _formats
+from .formats import mxfp4 as _mxfp4
+from ._lib import Activation, DType, GateUpLayout
+from .device import (Context, DeviceArray, DeviceView, _err, as_dtype, cpu_context, dtype_name,
+                     gpu_context, qg_dtype_of, stream_handle)
+from .weights import GGUFWeight, Int4Weight, MXFP4Weight, SCALE_QG_DTYPE, _format_spec
+
+_ACT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), as_dtype("bfloat16"))
+
+
+def formats() -> list[str]:
+    """Registered format names: "int4", "q8_0", "q4_0", "q4_K", "q6_K", "iq4_xs", "iq3_xxs", "mxfp4"."""
+    return _formats.names()
+
+
+def build_info() -> str:
+    """Backends and tiers compiled into the loaded library (qg_build_info)."""
+    _lib.require_library()
+    return _lib.qg_build_info().decode()
+
+
+# ---------------------------------------------------------------- constructors
+
+def quantize(W: np.ndarray, fmt: str, **kw):
+    """Reference quantizer (numpy) for every format.
+
+    int4: kw group_size=128, symmetric=False, scale_dtype="bf16" -> Int4Weight;
+    GGUF formats -> GGUFWeight; mxfp4 -> MXFP4Weight (W [N, K] or stacked [E, N, K])."""
+    spec = _format_spec(fmt)
+    W = np.asarray(W)
+    if spec.kind == "int4":
+        group_size = kw.get("group_size", 128)
+        try:
+            qweight, scales, qzeros = spec.module.quantize(W, **kw)
+        except (ValueError, TypeError) as e:
+            raise _err(str(e)) from None
+        return Int4Weight(qweight, scales, qzeros, group_size)
+    if kw:
+        raise _err(f"quantize({spec.name!r}) takes no options, got {sorted(kw)}")
+    if spec.kind == "mxfp4":
+        return MXFP4Weight(*spec.module.quantize(W))
+    if W.ndim != 2:
+        raise _err(f"W must be 2-D [N, K] for {spec.name}, got shape {W.shape}")
+    return GGUFWeight(spec.name, spec.module.quantize(W.astype(np.float32)), shape=W.shape)
+
+
+def from_gguf(fmt: str, raw, shape=None):
+    """Weight from raw GGUF block bytes [N, row_bytes] (or flat with shape=(N, K)).
+
+    GGUF's own "mxfp4" block (17 bytes: E8M0 byte, then 16 bytes with elements 0..15 in
+    the low nibbles and 16..31 in the high ones) is repacked once, on the host, into the
+    OCP layout the kernels read (formats.mxfp4.from_gguf_blocks): an MXFP4Weight."""
+    spec = _format_spec(fmt)
+    if spec.kind == "gguf":
+        return GGUFWeight(spec.name, raw, shape)
+    if spec.kind == "mxfp4":
+        if not isinstance(raw, (np.ndarray, bytes, bytearray, memoryview)):
+            raise _err("from_gguf('mxfp4', ...) repacks on the host: pass raw as a numpy array "
+                       "and move the result with .to_device()")
+        raw = np.asarray(np.frombuffer(raw, np.uint8) if not isinstance(raw, np.ndarray) else raw)
+        if raw.dtype != np.uint8:
+            raise _err(f"raw has dtype {raw.dtype}; expected uint8 GGUF block bytes")
+        if shape is not None:
+            n, k = (int(s) for s in shape)
+            if k % 32:
+                raise _err(f"k={k} is not a multiple of the MXFP4 block size 32")
+            if raw.size != n * (k // 32) * spec.block_bytes:
+                raise _err(f"raw holds {raw.size} bytes; mxfp4 shape ({n}, {k}) needs "
+                           f"N * (K/32) * 17 = {n * (k // 32) * spec.block_bytes}")
+            raw = raw.reshape(n, (k // 32) * spec.block_bytes)
+        try:
+            blocks, scales = _mxfp4.from_gguf_blocks(raw)
+        except ValueError as e:
+            raise _err(str(e)) from None
+        return MXFP4Weight(blocks, scales)
+    raise _err(f"{spec.name!r} is not a GGUF format; use pyquant.Int4Weight or pyquant.quantize")
+
+
+def from_mxfp4(blocks, scales, bias=None) -> MXFP4Weight:
+    """OCP MXFP4 (GPT-OSS checkpoints): blocks [N, K/32, 16] and scales [N, K/32] uint8
+    (stacked experts [E, N, K/32, 16] / [E, N, K/32]), optional bias."""
+    return MXFP4Weight(blocks, scales, bias)
+
+
+# ---------------------------------------------------------------- operands
+
+def _operand(obj: Any, name: str, allow_copy: bool = True) -> DeviceView:
+    """DeviceView of an operand. numpy arrays that are not row-strided are copied (host,
+    harmless) when allow_copy; outputs never are (the result would land in the copy)."""
+    if isinstance(obj, DeviceView):
+        return obj
+    if isinstance(obj, DeviceArray):
+        return obj.view()
+    if isinstance(obj, np.ndarray):
+        if obj.ndim == 2 and (obj.strides[1] != obj.itemsize and obj.shape[1] > 1 or
+                              obj.strides[0] < 0):
+            if not allow_copy:
+                raise _err(f"{name} must have unit stride along its columns and a positive row "
+                           f"stride (strides {obj.strides} bytes)")
+            obj = np.ascontiguousarray(obj)
+        return DeviceView(obj.ctypes.data, obj.shape, obj.dtype, obj.strides, ctx=None,
+                          on_device=False, owner=obj)
+    if hasattr(obj, "__cuda_array_interface__"):
+        return DeviceView.from_object(obj, name)
+    raise _err(f"{name} must be a numpy array, a pyquant.DeviceArray or an object with "
+               f"__cuda_array_interface__; got {type(obj).__name__}")
+
+
+def _weight_operands(w) -> dict:
+    return {f"w.{n}": _operand(a, f"w.{n}") for n, a in w._components().items()}
+
+
+def _pick_context(operands: dict, ctx: Context | None) -> Context:
+    """The context that runs a call, from where its operands live (module docstring)."""
+    host = [n for n, v in operands.items() if not v.on_device]
+    dev = [n for n, v in operands.items() if v.on_device]
+    if host and dev:
+        raise _err(f"{', '.join(host)} in host memory but {', '.join(dev)} in device memory; "
+                   "move them together (pyquant.DeviceArray.from_numpy, weight.to_device(ctx))")
+    ctxs = {}
+    for n, v in operands.items():
+        if v.ctx is not None:
+            ctxs.setdefault(id(v.ctx), (v.ctx, n))
+    if len(ctxs) > 1:
+        desc = ", ".join(f"{n} in {c!r}" for c, n in ctxs.values())
+        raise _err(f"operands belong to different contexts: {desc}")
+    own = next(iter(ctxs.values()))[0] if ctxs else None
+    if ctx is not None and own is not None and ctx is not own:
+        raise _err(f"ctx={ctx!r} but the operands belong to {own!r}")
+    chosen = ctx or own
+    if dev:
+        chosen = chosen or gpu_context()
+        if not chosen.is_gpu:
+            raise _err(f"{', '.join(dev)} in device memory but ctx is a {chosen.backend} context")
+        return chosen
+    chosen = chosen or cpu_context()
+    if chosen.is_gpu:
+        raise _err(f"{', '.join(host)} in host memory (numpy) but ctx is a {chosen.backend} "
+                   "context; pass device arrays (DeviceArray.from_numpy(x, ctx), "
+                   "w.to_device(ctx)) or a CPU context")
+    return chosen
+
+
+def _ld(v: DeviceView, name: str) -> int:
+    """Row stride in elements of a 2-D operand with unit column stride."""
+    it = v.dtype.itemsize
+    rows, cols = v.shape
+    if cols > 1 and v.strides[1] != it:
+        raise _err(f"{name} must have unit stride along its columns (strides {v.strides} bytes)")
+    if rows <= 1:
+        return cols  # the row stride of a single row is never used
+    if v.strides[0] % it or v.strides[0] < cols * it:
+        raise _err(f"{name} row stride {v.strides[0]} bytes is not a multiple of the item size "
+                   f"{it} or overlaps its {cols} columns")
+    return v.strides[0] // it
+
+
+def _act_dtype(v: DeviceView, name: str) -> DType:
+    if v.dtype not in _ACT_DTYPES:
+        raise _err(f"{name} has dtype {dtype_name(v.dtype)}; expected float16, bfloat16 or float32")
+    return qg_dtype_of(v.dtype)
+
+
+def _launch_stream(stream, x: DeviceView):
+    if stream is not None:
+        return stream_handle(stream)
+    return x.stream  # CAI v3: order after the producer (None = default stream)
+
+
+def _result_array(like_numpy: bool, shape, dtype, ctx: Context):
+    if like_numpy:
+        return np.empty(shape, dtype=dtype)
+    return DeviceArray.empty(shape, dtype, ctx=ctx)
+
+
+def _output(out, shape, out_dtype, default_dtype):
+    """(view of `out`, dtype) when out is given, else (None, dtype of the result)."""
+    if out is None:
+        dt = as_dtype(out_dtype) if out_dtype is not None else default_dtype
+        return None, dt
+    v = _operand(out, "out", allow_copy=False)
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise _err("out is a read-only numpy array")
+    if tuple(v.shape) != tuple(shape):
+        raise _err(f"out has shape {tuple(v.shape)}, expected {tuple(shape)}")
+    if out_dtype is not None and as_dtype(out_dtype) != v.dtype:
+        raise _err(f"out has dtype {dtype_name(v.dtype)} but out_dtype={dtype_name(as_dtype(out_dtype))}")
+    return v, v.dtype
+
+
+def _ptr(v: DeviceView | None):
+    return None if v is None or v.ptr == 0 else v.ptr
+
+
+# ---------------------------------------------------------------- gemm
+
+def gemm(x, w, out=None, out_dtype=None, ctx: Context | None = None, stream=None):
+    """y[M, N] = x[M, K] @ dequant(w)[N, K]^T (+ w.bias for MXFP4).
+
+    x: numpy (CPU tier) or device array, fp16 / bf16 (fp32 for GGUF and MXFP4). y has the
+    dtype of x unless out_dtype (e.g. np.float32) or `out` says otherwise; `out` may be
+    any row-strided [M, N] array in the same place as x (its row stride becomes ldy)."""
+    if not isinstance(w, (Int4Weight, GGUFWeight, MXFP4Weight)):
+        raise _err(f"w must be an Int4Weight, GGUFWeight or MXFP4Weight, got {type(w).__name__}")
+    if isinstance(w, MXFP4Weight) and len(w.shape) != 2:
+        raise _err(f"w holds stacked experts {w.shape}; dense gemm needs an [N, K] weight "
+                   "(use pyquant.moe for experts)")
+    xv = _operand(x, "x")
+    if len(xv.shape) != 2:
+        raise _err(f"x must be 2-D [M, K], got shape {tuple(xv.shape)}")
+    m, k = xv.shape
+    n, wk = w.shape
+    if k != wk:
+        raise _err(f"x has K={k} columns but the weight has K={wk} (w.shape = {w.shape})")
+    x_dt = _act_dtype(xv, "x")
+    ops = {"x": xv, **_weight_operands(w)}
+    yv, y_np_dtype = _output(out, (m, n), out_dtype, xv.dtype)
+    if yv is not None:
+        ops["out"] = yv
+    c = _pick_context(ops, ctx)
+    result = out
+    if yv is None:
+        if y_np_dtype not in _ACT_DTYPES:
+            raise _err(f"out_dtype {dtype_name(y_np_dtype)} is not float32, float16 or bfloat16")
+        result = _result_array(isinstance(x, np.ndarray), (m, n), y_np_dtype, c)
+        yv = _operand(result, "out", allow_copy=False)
+    y_dt = _act_dtype(yv, "out")
+    s = _launch_stream(stream, xv)
+    ldx, ldy = _ld(xv, "x"), _ld(yv, "out")
+
+    if isinstance(w, Int4Weight):
+        ov = ops
+        args = _lib.qg_w4a16_gemm_args(
+            m=m, n=n, k=k, group_size=w.group_size, x_dtype=x_dt, y_dtype=y_dt,
+            scale_dtype=SCALE_QG_DTYPE[np.dtype(w.scales.dtype)], zero_dtype=DType.QG_DTYPE_U4X8,
+            x=_ptr(xv), ldx=ldx, qweight=_ptr(ov["w.qweight"]), scales=_ptr(ov["w.scales"]),
+            qzeros=_ptr(ov.get("w.qzeros")), y=_ptr(yv), ldy=ldy)
+        query, launch = _lib.qg_w4a16_gemm_workspace_size, _lib.qg_w4a16_gemm
+    elif isinstance(w, GGUFWeight):
+        args = _lib.qg_gguf_gemm_args(
+            format=w.spec.qg_format, m=m, n=n, k=k, x_dtype=x_dt, y_dtype=y_dt,
+            x=_ptr(xv), ldx=ldx, w=_ptr(ops["w.raw"]), ldw=w.ldw, y=_ptr(yv), ldy=ldy)
+        query, launch = _lib.qg_gguf_gemm_workspace_size, _lib.qg_gguf_gemm
+    else:
+        bias = ops.get("w.bias")
+        args = _lib.qg_mxfp4_gemm_args(
+            m=m, n=n, k=k, x_dtype=x_dt, y_dtype=y_dt, x=_ptr(xv), ldx=ldx,
+            blocks=_ptr(ops["w.blocks"]), scales=_ptr(ops["w.scales"]), bias=_ptr(bias),
+            bias_dtype=qg_dtype_of(bias.dtype) if bias is not None else DType.QG_DTYPE_F32,
+            y=_ptr(yv), ldy=ldy)
+        query, launch = _lib.qg_mxfp4_gemm_workspace_size, _lib.qg_mxfp4_gemm
+    _run(c, args, query, launch, s)
+    _mark_stream(result, s)
+    return result
+
+
+def _run(c: Context, args, query, launch, s) -> None:
+    nbytes = ctypes.c_size_t(0)
+    query(c.handle, ctypes.byref(args), ctypes.byref(nbytes))
+    args.workspace, args.workspace_bytes = c.workspace(nbytes.value, s)
+    launch(c.handle, ctypes.byref(args), s)
+
+
+def _mark_stream(result, s) -> None:
+    """A DeviceArray written on stream s reports it in its CAI v3 'stream' (1 = legacy
+    default stream, what a NULL stream is), so consumers order themselves after it."""
+    if isinstance(result, DeviceArray) and result.on_device:
+        result.stream = s if s is not None else 1
+
+
+# ---------------------------------------------------------------- moe
+
+_ACTIVATIONS = {"swiglu_oai": Activation.QG_ACT_SWIGLU_OAI, "silu_glu": Activation.QG_ACT_SILU_GLU}
+_LAYOUTS = {"interleaved": GateUpLayout.QG_GATE_UP_INTERLEAVED,
+            "concat": GateUpLayout.QG_GATE_UP_CONCAT}
+
+
+def default_tile_m(num_tokens: int, top_k: int, num_experts: int) -> int:
+    """tile_m for qg_moe_align when the caller gives none."""
+    rows_per_expert = num_tokens * top_k / max(num_experts, 1)
+    # Every expert's rows are padded up to a multiple of tile_m: with a few rows per
+    # expert (decode) the smallest tile wastes least; with many, a taller tile reuses
+    # each dequantized weight tile across more rows.
+    few_rows = rows_per_expert <= 16
+    return 16 if few_rows else 32 if rows_per_expert <= 64 else 64
+
+
+def _index_operand(a, name: str, dtype, kind: str) -> DeviceView:
+    """View of topk_ids / topk_weights; numpy of another int/float width is converted
+    (host, cheap), device arrays must already have the kernel's dtype."""
+    if isinstance(a, np.ndarray):
+        if a.dtype.kind not in kind:
+            raise _err(f"{name} has dtype {a.dtype}; expected {np.dtype(dtype).name}")
+        return _operand(np.ascontiguousarray(a, dtype=dtype), name)
+    v = _operand(a, name)
+    if v.dtype != np.dtype(dtype):
+        raise _err(f"{name} has dtype {dtype_name(v.dtype)}; the kernels read "
+                   f"{np.dtype(dtype).name} (convert it before the call)")
+    if not v.is_c_contiguous():
+        raise _err(f"{name} must be C-contiguous [T, top_k]")
+    return v
+
+
+def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
+        activation: str = "swiglu_oai", gate_up_layout: str = "interleaved",
+        w13_bias=None, w2_bias=None, tile_m: int | None = None, ctx: Context | None = None,
+        stream=None, alpha: float = 1.702, limit: float = 7.0, out=None, out_dtype=None):
+    """MXFP4 mixture of experts: qg_moe_align, stage 1 (gate_up GEMM + activation),
+    stage 2 (down GEMM + top-k weighted sum). The stage-1 activation buffer
+    act [T*top_k, I] (dtype of x) and the align buffers are allocated here, next to x.
+
+    x [T, H]; topk_ids [T, top_k] int32; topk_weights [T, top_k] float32;
+    w13 experts [E, 2I, H/32, 16]; w2 experts [E, H, I/32, 16]; biases [E, 2I] / [E, H]
+    (default: the weights' own .bias). Returns y [T, H] in the dtype of x (or out_dtype)."""
+    for w, name in ((w13, "w13"), (w2, "w2")):
+        if not isinstance(w, MXFP4Weight) or len(w.shape) != 3:
+            raise _err(f"{name} must be an MXFP4Weight of stacked experts [E, N, K/32, 16], got "
+                       f"{type(w).__name__} {getattr(w, 'shape', '')}")
+    if activation not in _ACTIVATIONS:
+        raise _err(f"activation={activation!r} is not one of {sorted(_ACTIVATIONS)}")
+    if gate_up_layout not in _LAYOUTS:
+        raise _err(f"gate_up_layout={gate_up_layout!r} is not one of {sorted(_LAYOUTS)}")
+    xv = _operand(x, "x")
+    if len(xv.shape) != 2:
+        raise _err(f"x must be 2-D [T, H], got shape {tuple(xv.shape)}")
+    t, h = xv.shape
+    e, two_i, h13 = w13.shape
+    if h13 != h:
+        raise _err(f"x has H={h} columns but w13 has H={h13} (w13.shape = {w13.shape})")
+    inter = two_i // 2
+    if w2.shape != (e, h, inter):
+        raise _err(f"w2 has shape {w2.shape}, expected (E, H, I) = ({e}, {h}, {inter}) "
+                   f"from w13 {w13.shape}")
+    x_dt = _act_dtype(xv, "x")
+    idv = _index_operand(topk_ids, "topk_ids", np.int32, "iu")
+    wtv = _index_operand(topk_weights, "topk_weights", np.float32, "f")
+    if len(idv.shape) != 2 or idv.shape[0] != t:
+        raise _err(f"topk_ids has shape {tuple(idv.shape)}, expected (T, top_k) with T={t}")
+    top_k = idv.shape[1]
+    if tuple(wtv.shape) != tuple(idv.shape):
+        raise _err(f"topk_weights has shape {tuple(wtv.shape)}, expected {tuple(idv.shape)}")
+    b13 = w13_bias if w13_bias is not None else w13.bias
+    b2 = w2_bias if w2_bias is not None else w2.bias
+    b13v = _operand(b13, "w13_bias") if b13 is not None else None
+    b2v = _operand(b2, "w2_bias") if b2 is not None else None
+    for bv, name, shape in ((b13v, "w13_bias", (e, two_i)), (b2v, "w2_bias", (e, h))):
+        if bv is not None and tuple(bv.shape) != shape:
+            raise _err(f"{name} has shape {tuple(bv.shape)}, expected {shape}")
+
+    ops = {"x": xv, "topk_ids": idv, "topk_weights": wtv,
+           **{f"w13.{k}": v for k, v in _weight_operands(w13).items()},
+           **{f"w2.{k}": v for k, v in _weight_operands(w2).items()}}
+    if b13v is not None:
+        ops["w13_bias"] = b13v
+    if b2v is not None:
+        ops["w2_bias"] = b2v
+    yv, y_np_dtype = _output(out, (t, h), out_dtype, xv.dtype)
+    if yv is not None:
+        ops["out"] = yv
+    c = _pick_context(ops, ctx)
+    numpy_result = isinstance(x, np.ndarray)
+    result = out
+    if yv is None:
+        result = _result_array(numpy_result, (t, h), y_np_dtype, c)
+        yv = _operand(result, "out", allow_copy=False)
+    s = _launch_stream(stream, xv)
+    tm = int(tile_m) if tile_m is not None else default_tile_m(t, top_k, e)
+
+    max_sorted, max_tiles = ctypes.c_int64(), ctypes.c_int64()
+    _lib.qg_moe_align_sizes(t, top_k, e, tm, ctypes.byref(max_sorted), ctypes.byref(max_tiles))
+    # Temporaries: numpy on the CPU backend; on a GPU, buffers cached in the context per
+    # stream (launches on one stream are ordered, so reuse is safe; no cudaMalloc per call).
+    def scratch(name, shape, dt):
+        if not c.is_gpu:
+            return _operand(np.empty(shape, dt), name)
+        nbytes = int(np.prod(shape)) * np.dtype(dt).itemsize
+        ptr, _ = c.workspace(nbytes, s, purpose=f"moe.{name}")
+        return DeviceView(ptr, shape, dt, None, ctx=c, on_device=True)
+
+    sv = scratch("sorted_ids", (max_sorted.value,), np.int32)
+    tv = scratch("tile_experts", (max_tiles.value,), np.int32)
+    nv = scratch("num_sorted", (1,), np.int32)
+    av = scratch("act", (t * top_k, inter), xv.dtype)
+
+    w13o = _weight_operands(w13)
+    w2o = _weight_operands(w2)
+    _lib.qg_moe_align(c.handle, ctypes.byref(_lib.qg_moe_align_args(
+        num_tokens=t, top_k=top_k, num_experts=e, tile_m=tm, topk_ids=_ptr(idv),
+        sorted_ids=_ptr(sv), tile_experts=_ptr(tv), num_sorted=_ptr(nv))), s)
+    _lib.qg_moe_stage1(c.handle, ctypes.byref(_lib.qg_moe_stage1_args(
+        num_tokens=t, top_k=top_k, num_experts=e, tile_m=tm, hidden=h, intermediate=inter,
+        x_dtype=x_dt, x=_ptr(xv), ldx=_ld(xv, "x"), sorted_ids=_ptr(sv),
+        tile_experts=_ptr(tv), num_sorted=_ptr(nv), w13_blocks=_ptr(w13o["w.blocks"]),
+        w13_scales=_ptr(w13o["w.scales"]), w13_bias=_ptr(b13v),
+        bias_dtype=qg_dtype_of(b13v.dtype) if b13v is not None else DType.QG_DTYPE_F32,
+        activation=_ACTIVATIONS[activation], gate_up_layout=_LAYOUTS[gate_up_layout],
+        swiglu_alpha=alpha, swiglu_limit=limit, act=_ptr(av))), s)
+    _lib.qg_moe_stage2(c.handle, ctypes.byref(_lib.qg_moe_stage2_args(
+        num_tokens=t, top_k=top_k, num_experts=e, tile_m=tm, hidden=h, intermediate=inter,
+        act_dtype=x_dt, act=_ptr(av), sorted_ids=_ptr(sv), tile_experts=_ptr(tv),
+        num_sorted=_ptr(nv), w2_blocks=_ptr(w2o["w.blocks"]), w2_scales=_ptr(w2o["w.scales"]),
+        w2_bias=_ptr(b2v),
+        bias_dtype=qg_dtype_of(b2v.dtype) if b2v is not None else DType.QG_DTYPE_F32,
+        topk_weights=_ptr(wtv), y_dtype=_act_dtype(yv, "out"), y=_ptr(yv),
+        ldy=_ld(yv, "out"))), s)
+    _mark_stream(result, s)
+    return result

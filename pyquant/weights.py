@@ -1,0 +1,401 @@
+"""Quantized weights: Int4Weight (W4A16), GGUFWeight (GGUF block formats), MXFP4Weight.
+
+A weight holds its packed arrays exactly in the canonical layout of include/quantgemm.h,
+either as host numpy arrays or in device memory (pyquant DeviceArray, or any object with
+__cuda_array_interface__ such as a CuPy array or a CUDA torch tensor). Nothing is
+repacked behind the caller's back: the arrays handed in are the arrays the kernels read.
+
+Common attributes: .format (registry name), .shape ((N, K); (E, N, K) for stacked MXFP4
+experts), .nbytes (every byte a kernel reads: packed data + scales + zeros + bias),
+.bits_per_weight (packed data + scales + zeros, per weight), .dequantize() (float32, via
+the numpy reference of pyquant.formats, bit-exact), .to_device(ctx=None), .to_host(),
+.is_device, .ctx (the context holding the arrays, None for numpy / foreign arrays).
+
+Python checks here are the ones only Python can do: array ranks, dtypes and extents that
+must agree with each other. Conditions the library states itself (k % group_size,
+n % 8, block divisibility, ...) are left to it, so their message is its sentence.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import formats as _formats
+from .formats import int4 as _int4, mxfp4 as _mxfp4
+from .device import (BFLOAT16, Context, DeviceArray, DeviceView, _err, default_context,
+                     dtype_name, gpu_context)
+from ._lib import DType
+
+_SCALE_DTYPES = (np.dtype(np.float16), BFLOAT16)
+_BIAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), BFLOAT16)
+_PACKED_INT_DTYPES = (np.dtype(np.int32), np.dtype(np.uint32))
+
+
+def _component(obj: Any, name: str):
+    """numpy array (kept as given when C-contiguous), DeviceArray / DeviceView, or a foreign
+    device array wrapped as a DeviceView. Weight arrays have no stride in the ABI, so they
+    must be C-contiguous (GGUF rows excepted: see GGUFWeight)."""
+    if obj is None:
+        return None
+    if isinstance(obj, (DeviceArray, DeviceView)):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return obj
+    if hasattr(obj, "__cuda_array_interface__"):
+        return DeviceView.from_object(obj, name)
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return np.frombuffer(obj, dtype=np.uint8)
+    raise _err(f"{name} must be a numpy array, a pyquant.DeviceArray or an object with "
+               f"__cuda_array_interface__; got {type(obj).__name__}")
+
+
+def _require_contiguous(a, name: str):
+    if isinstance(a, np.ndarray):
+        return np.ascontiguousarray(a)
+    view = a.view() if isinstance(a, DeviceArray) else a
+    if not view.is_c_contiguous():
+        raise _err(f"{name} must be C-contiguous (shape {view.shape}, strides {view.strides} "
+                   "bytes): the kernels read weight arrays without a stride")
+    return a
+
+
+def _where(a) -> tuple:
+    """(on_device, context) of a component: numpy -> (False, None)."""
+    if isinstance(a, np.ndarray):
+        return False, None
+    if isinstance(a, DeviceArray):
+        return a.on_device, a.ctx
+    return a.on_device, a.ctx
+
+
+def _to_host(a, ctx: Context | None) -> np.ndarray:
+    if a is None or isinstance(a, np.ndarray):
+        return a
+    if isinstance(a, DeviceArray):
+        return a.to_numpy()
+    # a DeviceView: C-contiguous (checked at construction); copy through a context
+    c = a.ctx if a.ctx is not None else (ctx or gpu_context())
+    host = np.empty(a.shape, dtype=a.dtype)
+    if a.nbytes:
+        kind = c.copy_kind(dst_on_device=False, src_on_device=a.on_device)
+        from . import _lib
+        _lib.qg_memcpy(c.handle, host.ctypes.data, a.ptr, a.nbytes, kind, None)
+        c.synchronize()
+    return host
+
+
+class _Weight:
+    format: str = ""
+    _component_names: tuple = ()
+
+    # -- location
+    def _components(self) -> dict:
+        return {n: getattr(self, n) for n in self._component_names if getattr(self, n) is not None}
+
+    def _check_location(self) -> None:
+        where = {n: _where(a) for n, a in self._components().items()}
+        devs = {w[0] for w in where.values()}
+        if len(devs) > 1:
+            host = [n for n, w in where.items() if not w[0]]
+            dev = [n for n, w in where.items() if w[0]]
+            raise _err(f"{type(self).__name__}: {', '.join(host)} in host memory but "
+                       f"{', '.join(dev)} in device memory; all arrays of a weight must live "
+                       "in one place")
+        ctxs = {id(w[1]): w[1] for w in where.values() if w[1] is not None}
+        if len(ctxs) > 1:
+            raise _err(f"{type(self).__name__}: its arrays belong to different contexts "
+                       f"({', '.join(repr(c) for c in ctxs.values())})")
+
+    @property
+    def is_device(self) -> bool:
+        """True when the arrays are in GPU memory."""
+        return any(_where(a)[0] for a in self._components().values())
+
+    @property
+    def ctx(self) -> Context | None:
+        for a in self._components().values():
+            c = _where(a)[1]
+            if c is not None:
+                return c
+        return None
+
+    # -- sizes
+    @property
+    def nbytes(self) -> int:
+        """Every byte a kernel must read: packed data + scales + zeros + bias."""
+        return int(sum(a.nbytes for a in self._components().values()))
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Storage per weight of packed data + scales + zeros (bias excluded)."""
+        comps = self._components()
+        nb = sum(a.nbytes for n, a in comps.items() if n != "bias")
+        return 8.0 * nb / max(self.numel, 1)
+
+    # -- moves
+    def _replace(self, **arrays):
+        raise NotImplementedError
+
+    def to_device(self, ctx: Context | None = None):
+        """The same weight with every array copied into `ctx` (default_context()).
+        Arrays already in that context are shared, not copied."""
+        ctx = ctx if ctx is not None else default_context()
+        moved = {}
+        for n, a in self._components().items():
+            on_dev, c = _where(a)
+            if c is ctx or (on_dev and c is None and ctx.is_gpu):
+                moved[n] = a
+            else:
+                moved[n] = DeviceArray.from_numpy(_to_host(a, ctx), ctx)
+        return self._replace(**moved)
+
+    def to_host(self):
+        """The same weight with numpy arrays."""
+        ctx = self.ctx
+        return self._replace(**{n: _to_host(a, ctx) for n, a in self._components().items()})
+
+    def _host(self, name: str):
+        return _to_host(getattr(self, name), self.ctx)
+
+    def __repr__(self) -> str:
+        where = "device" if self.is_device else ("host" if self.ctx is None else self.ctx.backend)
+        return (f"{type(self).__name__}(format={self.format!r}, shape={self.shape}, "
+                f"{self.bits_per_weight:.3f} bits/weight, {where})")
+
+
+def _check_ndim(a, ndim: int, name: str, layout: str) -> None:
+    if len(a.shape) != ndim:
+        raise _err(f"{name} must be {ndim}-D {layout}, got shape {tuple(a.shape)}")
+
+
+class Int4Weight(_Weight):
+    """int4 group-quantized weight in the canonical layout (W4A16).
+
+    qweight [N, K/8] int32, nibble i of word j of row n = q[n, 8j + i] (0..15);
+    scales [N, K/G] float16 or bfloat16; qzeros [N/8, K/G] int32 packed along N
+    (row n -> word n/8, bits 4*(n%8)) or None for symmetric weights (zero = 8).
+    Zero-points stay 4-bit: a float zero-point array is refused."""
+
+    format = "int4"
+    _component_names = ("qweight", "scales", "qzeros")
+
+    def __init__(self, qweight, scales, qzeros=None, group_size: int = 128):
+        qweight = _require_contiguous(_component(qweight, "qweight"), "qweight")
+        scales = _require_contiguous(_component(scales, "scales"), "scales")
+        qzeros = _component(qzeros, "qzeros")
+        _check_ndim(qweight, 2, "qweight", "[N, K/8] int32")
+        if np.dtype(qweight.dtype) not in _PACKED_INT_DTYPES:
+            raise _err(f"qweight has dtype {dtype_name(qweight.dtype)}; expected int32 words "
+                       "[N, K/8] holding 8 nibbles along K")
+        _check_ndim(scales, 2, "scales", "[N, K/G] float16 or bfloat16")
+        if np.dtype(scales.dtype) not in _SCALE_DTYPES:
+            raise _err(f"scales has dtype {dtype_name(scales.dtype)}; expected float16 or bfloat16")
+        if qzeros is not None:
+            if np.dtype(qzeros.dtype) not in _PACKED_INT_DTYPES:
+                raise _err(
+                    f"qzeros has dtype {dtype_name(qzeros.dtype)}: zero-points must stay 4-bit, "
+                    "packed along N into int32 words [N/8, K/G] (QG_DTYPE_U4X8), never expanded "
+                    "to the activation or scale dtype")
+            qzeros = _require_contiguous(qzeros, "qzeros")
+            _check_ndim(qzeros, 2, "qzeros", "[N/8, K/G] int32")
+        if isinstance(qweight, np.ndarray) and qweight.dtype == np.uint32:
+            qweight = qweight.view(np.int32)
+        if isinstance(qzeros, np.ndarray) and qzeros.dtype == np.uint32:
+            qzeros = qzeros.view(np.int32)
+        self.qweight, self.scales, self.qzeros = qweight, scales, qzeros
+        self.group_size = int(group_size)
+        n, k = int(qweight.shape[0]), 8 * int(qweight.shape[1])
+        self.shape = (n, k)
+        # Extents that follow from (N, K, G); when K % G or N % 8 is off, the library
+        # names that condition at the first gemm, so the extents are not checked here.
+        if scales.shape[0] != n:
+            raise _err(f"scales has {scales.shape[0]} rows but qweight has N={n}")
+        g = self.group_size
+        if g > 0 and k % g == 0 and scales.shape[1] != k // g:
+            raise _err(f"scales has shape {tuple(scales.shape)}, expected [N, K/G] = ({n}, {k // g}) "
+                       f"for K={k}, group_size={g}")
+        if qzeros is not None and g > 0 and k % g == 0 and n % 8 == 0 and \
+                tuple(qzeros.shape) != (n // 8, k // g):
+            raise _err(f"qzeros has shape {tuple(qzeros.shape)}, expected [N/8, K/G] = "
+                       f"({n // 8}, {k // g})")
+        self._check_location()
+
+    @property
+    def symmetric(self) -> bool:
+        return self.qzeros is None
+
+    @property
+    def scale_dtype(self) -> np.dtype:
+        return np.dtype(self.scales.dtype)
+
+    def _replace(self, **arrays):
+        return Int4Weight(arrays["qweight"], arrays["scales"], arrays.get("qzeros"), self.group_size)
+
+    def dequantize(self) -> np.ndarray:
+        """float32 [N, K]: (q - z) * s, the numpy reference (pyquant.formats.int4)."""
+        return _int4.dequantize(self._host("qweight"), self._host("scales"),
+                                        self._host("qzeros"), self.group_size)
+
+    @staticmethod
+    def _group_size(k: int, groups: int, group_size) -> int:
+        if group_size is not None:
+            return int(group_size)
+        if groups <= 0 or k % groups:
+            raise _err(f"cannot infer group_size: K={k} is not a multiple of {groups} scale groups")
+        return k // groups
+
+    @classmethod
+    def _from_canonical(cls, canon, group_size):
+        qweight, scales, qzeros = canon
+        k = 8 * qweight.shape[1]
+        return cls(qweight, scales, qzeros, cls._group_size(k, scales.shape[1], group_size))
+
+    @classmethod
+    def from_awq(cls, qweight, qzeros, scales, group_size=None) -> "Int4Weight":
+        """AutoAWQ GEMM tensors (qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N])."""
+        return cls._from_canonical(_int4.from_awq(qweight, qzeros, scales, group_size),
+                                   group_size)
+
+    @classmethod
+    def from_gptq(cls, qweight, qzeros, scales, group_size=None, g_idx=None) -> "Int4Weight":
+        """GPTQ tensors (qweight [K/8, N], qzeros [K/G, N/8] stored minus one, scales [K/G, N])."""
+        return cls._from_canonical(
+            _int4.from_gptq(qweight, qzeros, scales, group_size, g_idx=g_idx), group_size)
+
+    @classmethod
+    def from_compressed_tensors(cls, weight_packed, weight_scale, weight_zero_point=None,
+                                group_size=None, g_idx=None) -> "Int4Weight":
+        """compressed-tensors pack-quantized tensors (weight_packed [N, K/8], weight_scale
+        [N, K/G], weight_zero_point packed [N/8, K/G] or None)."""
+        return cls._from_canonical(
+            _int4.from_compressed_tensors(weight_packed, weight_scale, weight_zero_point,
+                                                  group_size=group_size, g_idx=g_idx), group_size)
+
+
+class GGUFWeight(_Weight):
+    """GGUF block-quantized weight: raw [N, row_bytes] uint8, each row K / block_elems
+    blocks exactly as a .gguf file stores them. A numpy `raw` whose rows are padded
+    (row stride > row bytes) is passed with that stride as ldw."""
+
+    _component_names = ("raw",)
+
+    def __init__(self, format: str, raw, shape=None):
+        spec = _format_spec(format)
+        if spec.kind != "gguf":
+            raise _err(f"format {spec.name!r} is not a GGUF block format "
+                       f"({', '.join(n for n, s in _formats.FORMATS.items() if s.kind == 'gguf')}); "
+                       "use pyquant.from_gguf for GGUF mxfp4 blocks")
+        self.format = spec.name
+        self.spec = spec
+        raw = _component(raw, "raw")
+        if np.dtype(raw.dtype) not in (np.dtype(np.uint8), np.dtype(np.int8)):
+            raise _err(f"raw has dtype {dtype_name(raw.dtype)}; expected uint8 GGUF block bytes")
+        if isinstance(raw, np.ndarray) and raw.dtype == np.int8:
+            raw = raw.view(np.uint8)
+        if shape is None:
+            _check_ndim(raw, 2, "raw", "[N, (K/block_elems)*block_bytes] (or pass shape=(N, K))")
+            n, row_bytes = int(raw.shape[0]), int(raw.shape[1])
+            if row_bytes % spec.block_bytes:
+                raise _err(f"raw rows hold {row_bytes} bytes, not a multiple of the "
+                           f"{spec.block_bytes}-byte {spec.name} block")
+            shape = (n, row_bytes // spec.block_bytes * spec.block_elems)
+        n, k = (int(s) for s in shape)
+        self.shape = (n, k)
+        row_bytes = (k // spec.block_elems) * spec.block_bytes  # K % block_elems: the library's check
+        if len(raw.shape) == 1:
+            if raw.shape[0] != n * row_bytes:
+                raise _err(f"raw holds {raw.shape[0]} bytes; {spec.name} shape ({n}, {k}) needs "
+                           f"N * (K/{spec.block_elems}) * {spec.block_bytes} = {n * row_bytes}")
+            raw = raw.reshape(n, row_bytes) if isinstance(raw, np.ndarray) else \
+                DeviceView(raw.ptr, (n, row_bytes), np.uint8, None, ctx=raw.ctx,
+                           on_device=raw.on_device, owner=raw, stream=getattr(raw, "stream", None))
+        _check_ndim(raw, 2, "raw", "[N, row_bytes] uint8")
+        if raw.shape[0] != n:
+            raise _err(f"raw has {raw.shape[0]} rows but shape says N={n}")
+        if k % spec.block_elems == 0 and raw.shape[1] != row_bytes:
+            raise _err(f"raw rows hold {raw.shape[1]} bytes; {spec.name} with K={k} needs "
+                       f"(K/{spec.block_elems}) * {spec.block_bytes} = {row_bytes}")
+        if isinstance(raw, np.ndarray) and raw.strides[1] != 1:
+            raw = np.ascontiguousarray(raw)
+        self.raw = raw
+        self._check_location()
+
+    @property
+    def ldw(self) -> int:
+        """Row stride of raw in bytes."""
+        return int(self.raw.strides[0]) if self.shape[0] > 1 else int(self.raw.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.shape[0]) * int(self.raw.shape[1])
+
+    def _replace(self, **arrays):
+        return GGUFWeight(self.format, arrays["raw"], self.shape)
+
+    def dequantize(self) -> np.ndarray:
+        """float32 [N, K] through the numpy reference (bit-exact with gguf.quants)."""
+        raw = np.ascontiguousarray(self._host("raw"))
+        return self.spec.module.dequantize(raw)
+
+
+class MXFP4Weight(_Weight):
+    """OCP MXFP4 weight as GPT-OSS ships it: blocks [N, K/32, 16] uint8 (byte j = element
+    2j low nibble, 2j+1 high nibble, E2M1 codes), scales [N, K/32] uint8 E8M0. Stacked
+    experts for moe(): blocks [E, N, K/32, 16], scales [E, N, K/32]. Optional bias [N]
+    (or [E, N]) in float32, float16 or bfloat16."""
+
+    format = "mxfp4"
+    _component_names = ("blocks", "scales", "bias")
+
+    def __init__(self, blocks, scales, bias=None):
+        blocks = _require_contiguous(_component(blocks, "blocks"), "blocks")
+        scales = _require_contiguous(_component(scales, "scales"), "scales")
+        bias = _component(bias, "bias")
+        for a, name in ((blocks, "blocks"), (scales, "scales")):
+            if np.dtype(a.dtype) != np.uint8:
+                raise _err(f"{name} has dtype {dtype_name(a.dtype)}; MXFP4 {name} are uint8")
+        if len(blocks.shape) not in (3, 4) or blocks.shape[-1] != 16:
+            raise _err(f"blocks must be [N, K/32, 16] or [E, N, K/32, 16] uint8, got shape "
+                       f"{tuple(blocks.shape)}")
+        if tuple(scales.shape) != tuple(blocks.shape[:-1]):
+            raise _err(f"scales has shape {tuple(scales.shape)}, expected blocks.shape[:-1] = "
+                       f"{tuple(blocks.shape[:-1])} (one E8M0 byte per 32-element block)")
+        lead = tuple(int(s) for s in blocks.shape[:-2])
+        self.shape = lead + (int(blocks.shape[-2]) * 32,)
+        if bias is not None:
+            bias = _require_contiguous(bias, "bias")
+            if np.dtype(bias.dtype) not in _BIAS_DTYPES:
+                raise _err(f"bias has dtype {dtype_name(bias.dtype)}; expected float32, float16 "
+                           "or bfloat16")
+            if tuple(bias.shape) != lead:
+                raise _err(f"bias has shape {tuple(bias.shape)}, expected {lead}")
+        self.blocks, self.scales, self.bias = blocks, scales, bias
+        self._check_location()
+
+    @property
+    def num_experts(self) -> int | None:
+        return self.shape[0] if len(self.shape) == 3 else None
+
+    def _replace(self, **arrays):
+        return MXFP4Weight(arrays["blocks"], arrays["scales"], arrays.get("bias"))
+
+    def dequantize(self) -> np.ndarray:
+        """float32 [N, K] (or [E, N, K]) through the numpy reference; bias not added."""
+        return _mxfp4.dequantize(self._host("blocks"), self._host("scales"))
+
+
+def _format_spec(name: str):
+    try:
+        return _formats.get(name)
+    except ValueError as e:
+        raise _err(str(e)) from None
+
+
+# Kernel families that read each weight class, for api.gemm.
+WEIGHT_CLASSES = (Int4Weight, GGUFWeight, MXFP4Weight)
+SCALE_QG_DTYPE = {np.dtype(np.float16): DType.QG_DTYPE_F16, BFLOAT16: DType.QG_DTYPE_BF16}

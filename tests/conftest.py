@@ -1,0 +1,181 @@
+"""Shared fixtures of the test suite.
+
+- marker `gpu`: tests that need a CUDA/HIP context; skipped (with the reason) when none
+  can be created, e.g. on CI or with PYQUANT_BACKEND=cpu.
+- `rng`: a fresh numpy Generator per test; its seed is printed (pytest shows it with a
+  failure) so a failing draw can be replayed with PYQUANT_TEST_SEED=<seed>.
+- `ctx` (CPU context), `gpu_ctx` (skips without a GPU).
+- `poisoned_output`, `assert_close`, `assert_bitwise_equal`: the checking helpers
+  (DESIGN "Correctness contract": poisoned outputs with guard bands, normalised error
+  with a named bound and the worst coordinate, first mismatch reported bit for bit).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA or HIP device (skipped when no GPU context can be created)")
+
+
+def _gpu_skip_reason() -> str | None:
+    try:
+        import pyquant
+        from pyquant import device
+        if not pyquant._lib.library_loaded():
+            return "libquantgemm is not loaded"
+        if pyquant.gpu_available():
+            return None
+        return f"no GPU context: {device._probe_gpu()[1]}"
+    except Exception as e:  # the library itself failing is reported by the CPU tests
+        return f"no GPU context ({type(e).__name__}: {e})"
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [it for it in items if "gpu" in it.keywords]
+    if not gpu_items:
+        return
+    reason = _gpu_skip_reason()
+    if reason is not None:
+        for it in gpu_items:
+            it.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def rng():
+    seed = int(os.environ.get("PYQUANT_TEST_SEED", 0)) or np.random.SeedSequence().entropy
+    print(f"rng seed: PYQUANT_TEST_SEED={seed}")
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def ctx():
+    import pyquant
+    return pyquant.cpu_context()
+
+
+@pytest.fixture
+def gpu_ctx():
+    import pyquant
+    reason = _gpu_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    return pyquant.gpu_context()
+
+
+# ---------------------------------------------------------------- guard bands
+
+class Guarded:
+    """An output [rows, cols] inside a larger buffer: `before` rows above, `after` rows
+    below, `left` columns to the left (the pointer is offset into the row) and `right`
+    columns to the right (ldy = left + cols + right). The output is poisoned with NaN,
+    the bands hold a different fixed pattern; check() verifies the bands are
+    byte-identical and no poison is left in the output."""
+
+    BEFORE, AFTER, LEFT, RIGHT = 2, 3, 3, 5
+
+    def __init__(self, rows, cols, dtype, device_ctx=None):
+        from pyquant.device import as_dtype
+        self.rows, self.cols, self.dtype = rows, cols, as_dtype(dtype)
+        R = self.BEFORE + rows + self.AFTER
+        C = self.LEFT + cols + self.RIGHT
+        band = np.full((R, C), -4099.0, dtype=np.float32).astype(self.dtype)  # finite, odd pattern
+        band[self._inner()] = np.float32(np.nan)
+        self.initial = band
+        self.ld = C
+        if device_ctx is None:
+            self.buf = band.copy()
+            self.y = self.buf[self._inner()]
+        else:
+            from pyquant import DeviceArray
+            self.buf = DeviceArray.from_numpy(band, device_ctx)
+            self.y = self.buf.window(self.BEFORE, self.LEFT, rows, cols)
+
+    def _inner(self):
+        return (slice(self.BEFORE, self.BEFORE + self.rows), slice(self.LEFT, self.LEFT + self.cols))
+
+    def host(self) -> np.ndarray:
+        return self.buf if isinstance(self.buf, np.ndarray) else self.buf.to_numpy()
+
+    def value(self) -> np.ndarray:
+        """The output region (a copy), after checking the guard bands."""
+        full = self.host()
+        self.check_bands(full)
+        return full[self._inner()].copy()
+
+    def check_bands(self, full=None) -> None:
+        full = self.host() if full is None else full
+        mask = np.ones(full.shape, dtype=bool)
+        mask[self._inner()] = False
+        got = full.view(np.uint8 if full.dtype.itemsize == 1 else f"u{full.dtype.itemsize}")
+        want = self.initial.view(got.dtype)
+        bad = np.argwhere(mask & (got != want))
+        if bad.size:
+            r, c = bad[0]
+            raise AssertionError(
+                f"guard band written at buffer ({r}, {c}) = output ({r - self.BEFORE}, "
+                f"{c - self.LEFT}) of a {self.rows}x{self.cols} output: {full[r, c]!r} "
+                f"({len(bad)} band elements changed)")
+
+    def unchanged(self) -> bool:
+        """True when the whole buffer (output included) is byte-identical to before."""
+        full = self.host()
+        return full.tobytes() == self.initial.tobytes()
+
+
+@pytest.fixture
+def poisoned_output():
+    """poisoned_output(rows, cols, dtype, device_ctx=None) -> Guarded; pass `.y` as out=."""
+    return Guarded
+
+
+# ---------------------------------------------------------------- comparisons
+
+def _assert_close(y, ref, bound: float, name: str) -> float:
+    y = np.asarray(y).astype(np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert y.shape == ref.shape, f"{name}: shape {y.shape} != reference {ref.shape}"
+    bad = np.argwhere(~np.isfinite(y))
+    if bad.size:
+        i = tuple(bad[0])
+        raise AssertionError(f"{name}: non-finite output at {i}: {y[i]!r} (reference {ref[i]!r}); "
+                             f"{len(bad)} non-finite of {y.size} (NaN = poison left unwritten)")
+    ref_norm = np.linalg.norm(ref)
+    assert ref_norm > 0, f"{name}: the reference is all zeros; test inputs must not be zero"
+    err = np.linalg.norm(y - ref) / ref_norm
+    if not err <= bound:
+        i = np.unravel_index(np.argmax(np.abs(y - ref)), y.shape)
+        raise AssertionError(
+            f"{name}: normalised error {err:.3e} > bound {bound:.3e}; worst at {tuple(int(v) for v in i)}: "
+            f"got {y[i]!r}, reference {ref[i]!r}")
+    return err
+
+
+@pytest.fixture
+def assert_close():
+    """assert_close(y, ref, bound, name): ||y - ref|| / ||ref|| <= bound, every y finite."""
+    return _assert_close
+
+
+def _assert_bitwise_equal(got, want, name: str) -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
+    assert got.dtype == want.dtype, f"{name}: dtype {got.dtype} != {want.dtype}"
+    ut = np.dtype(f"u{got.dtype.itemsize}") if got.dtype.itemsize in (1, 2, 4, 8) else None
+    gb, wb = (got.view(ut), want.view(ut)) if ut is not None else (got, want)
+    bad = np.argwhere(gb != wb)
+    if bad.size:
+        i = tuple(int(v) for v in bad[0])
+        raise AssertionError(
+            f"{name}: first mismatch at {i}: got {got[i]!r} (bits {int(gb[i]):#x}), want "
+            f"{want[i]!r} (bits {int(wb[i]):#x}); {len(bad)} of {got.size} differ")
+
+
+@pytest.fixture
+def assert_bitwise_equal():
+    """assert_bitwise_equal(got, want, name): same shape, dtype and bits; first mismatch reported."""
+    return _assert_bitwise_equal
