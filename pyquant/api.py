@@ -113,8 +113,8 @@ def _operand(obj: Any, name: str, allow_copy: bool = True) -> DeviceView:
     if isinstance(obj, DeviceArray):
         return obj.view()
     if isinstance(obj, np.ndarray):
-        if obj.ndim == 2 and (obj.strides[1] != obj.itemsize and obj.shape[1] > 1 or
-                              obj.strides[0] < 0):
+        if obj.ndim == 2 and obj.size and (obj.strides[1] != obj.itemsize and obj.shape[1] > 1
+                                           or obj.strides[0] < 0):
             if not allow_copy:
                 raise _err(f"{name} must have unit stride along its columns and a positive row "
                            f"stride (strides {obj.strides} bytes)")
@@ -166,10 +166,10 @@ def _ld(v: DeviceView, name: str) -> int:
     """Row stride in elements of a 2-D operand with unit column stride."""
     it = v.dtype.itemsize
     rows, cols = v.shape
-    if cols > 1 and v.strides[1] != it:
+    if rows and cols > 1 and v.strides[1] != it:
         raise _err(f"{name} must have unit stride along its columns (strides {v.strides} bytes)")
-    if rows <= 1:
-        return cols  # the row stride of a single row is never used
+    if rows <= 1 or cols == 0:
+        return cols  # the row stride of a single (or empty) row is never used
     if v.strides[0] % it or v.strides[0] < cols * it:
         raise _err(f"{name} row stride {v.strides[0]} bytes is not a multiple of the item size "
                    f"{it} or overlaps its {cols} columns")

@@ -1,0 +1,188 @@
+"""Bad input is refused with a sentence naming the failed condition, and writes nothing.
+
+Each case runs against a poisoned, guarded output buffer and checks afterwards that the
+whole buffer (output and bands) is byte-identical: "on error nothing is written"
+(include/quantgemm.h). Cases go through the Python API where Python can express them and
+through pyquant._lib directly for what only a C caller can get wrong (NULL pointers,
+ldx < k, zero_dtype)."""
+from __future__ import annotations
+
+import ctypes
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pyquant
+from pyquant import _lib
+from pyquant._lib import DType
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _int4_arrays(rng, n, k, g, asym=True, scale_dtype=np.float16):
+    qweight = rng.integers(0, 2 ** 32, size=(n, k // 8), dtype=np.uint32).view(np.int32)
+    scales = rng.uniform(0.01, 0.1, size=(n, -(-k // g))).astype(scale_dtype)
+    qzeros = rng.integers(0, 2 ** 32, size=(max(n // 8, 1), -(-k // g)),
+                          dtype=np.uint32).view(np.int32) if asym else None
+    return qweight, scales, qzeros
+
+
+def _expect(exc_type, pattern, fn, guarded):
+    """fn() raises exc_type whose message matches `pattern`; the guarded buffer is untouched."""
+    with pytest.raises(exc_type) as info:
+        fn()
+    msg = str(info.value)
+    assert re.search(pattern, msg), f"message {msg!r} does not name the condition /{pattern}/"
+    assert guarded.unchanged(), f"output buffer changed by a refused call ({msg})"
+    return info.value
+
+
+# ---------------------------------------------------------------- through the Python API
+
+def test_k_not_a_multiple_of_the_group_size(rng, poisoned_output):
+    w = pyquant.Int4Weight(*_int4_arrays(rng, 8, 96, 64), group_size=64)
+    g = poisoned_output(2, 8, np.float16)
+    x = rng.standard_normal((2, 96)).astype(np.float16)
+    e = _expect(pyquant.QuantGemmError, r"k=96 is not a multiple of group_size=64",
+                lambda: pyquant.gemm(x, w, out=g.y), g)
+    assert isinstance(e, ValueError) and e.status == _lib.Status.QG_ERR_INVALID_ARGUMENT
+
+
+def test_n_not_a_multiple_of_8_for_int4(rng, poisoned_output):
+    w = pyquant.Int4Weight(*_int4_arrays(rng, 12, 64, 32, asym=False), group_size=32)
+    g = poisoned_output(3, 12, BF16)
+    x = rng.standard_normal((3, 64)).astype(BF16)
+    _expect(ValueError, r"n=12 is not a multiple of 8", lambda: pyquant.gemm(x, w, out=g.y), g)
+
+
+def test_fp32_activations_for_w4a16(rng, poisoned_output):
+    w = pyquant.Int4Weight(*_int4_arrays(rng, 8, 64, 32), group_size=32)
+    g = poisoned_output(2, 8, np.float32)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    _expect(pyquant.QuantGemmError, r"x_dtype=\S*F32.*not supported by W4A16",
+            lambda: pyquant.gemm(x, w, out=g.y), g)
+
+
+def test_unknown_format(rng):
+    W = rng.standard_normal((8, 64)).astype(np.float32)
+    for call in (lambda: pyquant.quantize(W, "q5_1"),
+                 lambda: pyquant.from_gguf("q5_1", np.zeros((8, 44), np.uint8), shape=(8, 64))):
+        with pytest.raises(pyquant.QuantGemmError, match=r"unknown format 'q5_1'; known formats: int4"):
+            call()
+
+
+def test_unknown_format_at_the_c_layer(rng, ctx, poisoned_output):
+    g = poisoned_output(1, 8, np.float32)
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    w = np.zeros((8, 34), np.uint8)
+    args = _lib.qg_gguf_gemm_args(format=99, m=1, n=8, k=32, x_dtype=DType.QG_DTYPE_F32,
+                                  y_dtype=DType.QG_DTYPE_F32, x=x.ctypes.data, ldx=32,
+                                  w=w.ctypes.data, ldw=34, y=g.y.ctypes.data, ldy=g.ld)
+    _expect(pyquant.QuantGemmError, r"format=99 is not a qg_format value",
+            lambda: _lib.qg_gguf_gemm(ctx.handle, ctypes.byref(args), None), g)
+
+
+def test_mismatched_shapes(rng, poisoned_output):
+    w = pyquant.Int4Weight(*_int4_arrays(rng, 8, 64, 32), group_size=32)
+    g = poisoned_output(2, 8, np.float16)
+    x = rng.standard_normal((2, 96)).astype(np.float16)
+    _expect(ValueError, r"x has K=96 columns but the weight has K=64",
+            lambda: pyquant.gemm(x, w, out=g.y), g)
+    # out of the wrong shape
+    g2 = poisoned_output(3, 8, np.float16)
+    x2 = rng.standard_normal((2, 64)).astype(np.float16)
+    _expect(ValueError, r"out has shape \(3, 8\), expected \(2, 8\)",
+            lambda: pyquant.gemm(x2, w, out=g2.y), g2)
+    # x not 2-D
+    _expect(ValueError, r"x must be 2-D \[M, K\], got shape \(64,\)",
+            lambda: pyquant.gemm(x2[0], w, out=g2.y), g2)
+
+
+def test_scales_of_the_wrong_extent(rng):
+    qweight, scales, qzeros = _int4_arrays(rng, 8, 128, 32)
+    with pytest.raises(ValueError, match=r"scales has shape \(8, 2\), expected \[N, K/G\] = \(8, 4\)"):
+        pyquant.Int4Weight(qweight, scales[:, :2], qzeros, group_size=32)
+
+
+def test_fp16_zero_points_rejected_in_python(rng):
+    """Zero-points expanded to the activation dtype are refused by name: they must stay 4-bit."""
+    qweight, scales, _ = _int4_arrays(rng, 8, 64, 32)
+    zeros_f16 = rng.integers(0, 16, size=(8, 2)).astype(np.float16)
+    with pytest.raises(pyquant.QuantGemmError, match=r"qzeros has dtype float16: zero-points must stay 4-bit"):
+        pyquant.Int4Weight(qweight, scales, zeros_f16, group_size=32)
+
+
+def test_wrong_activation_dtype_in_python(rng, poisoned_output):
+    w = pyquant.from_gguf("q8_0", np.zeros((8, 34), np.uint8), shape=(8, 32))
+    g = poisoned_output(1, 8, np.float32)
+    x = rng.standard_normal((1, 32))  # float64
+    _expect(ValueError, r"x has dtype float64; expected float16, bfloat16 or float32",
+            lambda: pyquant.gemm(x, w, out=g.y), g)
+
+
+def test_host_device_mix_up(rng):
+    """A device-resident operand next to a numpy one is named, never copied silently."""
+    class FakeDevice:  # a foreign device array (never dereferenced: refused before launch)
+        __cuda_array_interface__ = {"shape": (2, 64), "typestr": "<f2", "data": (0x10000, False),
+                                    "version": 3, "strides": None}
+    w = pyquant.Int4Weight(*_int4_arrays(rng, 8, 64, 32), group_size=32)
+    with pytest.raises(ValueError, match=r"w\.qweight, w\.scales, w\.qzeros in host memory but x in device memory"):
+        pyquant.gemm(FakeDevice(), w)
+
+
+# ---------------------------------------------------------------- through _lib directly
+
+def _w4a16_args(rng, g, m=2, n=8, k=64, **over):
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    qweight, scales, qzeros = _int4_arrays(rng, n, k, 32)
+    keep = (x, qweight, scales, qzeros)
+    fields = dict(m=m, n=n, k=k, group_size=32, x_dtype=DType.QG_DTYPE_F16,
+                  y_dtype=DType.QG_DTYPE_F16, scale_dtype=DType.QG_DTYPE_F16,
+                  zero_dtype=DType.QG_DTYPE_U4X8, x=x.ctypes.data, ldx=k,
+                  qweight=qweight.ctypes.data, scales=scales.ctypes.data,
+                  qzeros=qzeros.ctypes.data, y=g.y.ctypes.data, ldy=g.ld)
+    fields.update(over)
+    return _lib.qg_w4a16_gemm_args(**fields), keep
+
+
+def test_valid_c_call_writes_the_output(rng, ctx, poisoned_output):
+    """Control for the cases below: the same arguments, unmodified, are accepted."""
+    g = poisoned_output(2, 8, np.float16)
+    args, keep = _w4a16_args(rng, g)
+    _lib.qg_w4a16_gemm(ctx.handle, ctypes.byref(args), None)
+    assert np.isfinite(g.value().astype(np.float32)).all()
+
+
+def test_null_pointer(rng, ctx, poisoned_output):
+    g = poisoned_output(2, 8, np.float16)
+    for field in ("x", "qweight", "scales", "y"):
+        args, keep = _w4a16_args(rng, g, **{field: None})
+        _expect(pyquant.QuantGemmError, rf"\b{field} is NULL",
+                lambda: _lib.qg_w4a16_gemm(ctx.handle, ctypes.byref(args), None), g)
+    args, keep = _w4a16_args(rng, g)
+    _expect(ValueError, r"ctx is NULL", lambda: _lib.qg_w4a16_gemm(None, ctypes.byref(args), None), g)
+    _expect(ValueError, r"args is NULL", lambda: _lib.qg_w4a16_gemm(ctx.handle, None, None), g)
+
+
+def test_ldx_smaller_than_k(rng, ctx, poisoned_output):
+    g = poisoned_output(2, 8, np.float16)
+    args, keep = _w4a16_args(rng, g, ldx=48)
+    _expect(ValueError, r"ldx=48 < k=64",
+            lambda: _lib.qg_w4a16_gemm(ctx.handle, ctypes.byref(args), None), g)
+
+
+def test_fp16_zero_dtype_rejected_at_the_c_layer(rng, ctx, poisoned_output):
+    g = poisoned_output(2, 8, np.float16)
+    args, keep = _w4a16_args(rng, g, zero_dtype=DType.QG_DTYPE_F16)
+    _expect(ValueError, r"zero_dtype=\S*F16: zero-points must be packed 4-bit words",
+            lambda: _lib.qg_w4a16_gemm(ctx.handle, ctypes.byref(args), None), g)
+
+
+def test_errors_carry_status_and_are_value_errors_only_for_bad_arguments(ctx):
+    with pytest.raises(pyquant.InvalidArgumentError) as info:
+        ctx.set_option("no_such_option", 1)
+    assert isinstance(info.value, ValueError) and "no_such_option" in str(info.value)
+    err = pyquant.QuantGemmError(_lib.Status.QG_ERR_DEVICE, "boom")
+    assert not isinstance(err, ValueError) and err.status_name == "QG_ERR_DEVICE"

@@ -1,0 +1,263 @@
+"""GPU tiers against the numpy reference (marked `gpu`: skipped where no GPU context can be
+created, e.g. CI and this project's development machines).
+
+W4A16 for every x dtype x group size x {sym, asym} at decode M (1..16) and prefill M
+(17, 33), N in 8, 24, 4104; GGUF for every format at M in 1..8 and N in 1, 7, 4099; every
+tier the build offers forced in turn (STYLE 3: a rarely chosen tier must still be right);
+one-hot activations on the device; guard bands around device outputs; a float16
+zero-point tensor refused. Fresh random inputs (seed printed on failure).
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pyquant
+from pyquant import _lib
+from pyquant import formats as F
+from pyquant.formats import reference
+
+pytestmark = pytest.mark.gpu
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
+U32 = 2.0 ** -24
+UNIT_ROUNDOFF = {F32: 2.0 ** -24, F16: 2.0 ** -11, BF16: 2.0 ** -8}
+GGUF_FORMATS = [n for n, s in F.FORMATS.items() if s.kind == "gguf"]
+TIERS = {"w4a16": (0, 1, 2, 3), "gguf": (0, 1, 2, 3)}  # qg_context_set_option values
+
+
+def w4a16_bound(k: int, y_dtype) -> float:
+    """GPU W4A16: the decoded weight (q - z) is exact in fp16/bf16 and x is exact, products
+    and sums are fp32 (mma or FMA) and the group scale is applied in fp32, so the CPU-tier
+    argument holds: u_y for rounding y plus about k * u32 for accumulation (random walk,
+    sum|x w| ~ sqrt(k)|y|), x4 margin; split-K adds one fp32 addition per split (absorbed)."""
+    return UNIT_ROUNDOFF[np.dtype(y_dtype)] + 4 * k * U32
+
+
+# A GGUF decode tier may quantize activations to int8 per 32-element block (ggml's q8_1
+# idea): round to nearest leaves |err| <= amax/254 per element; for normal data amax ~ 2.5
+# sigma, a uniform error of RMS 2.5/(254*sqrt(3)) ~ 0.57 % of sigma, which carries to y
+# normwise. 2^-6 (1.6 %) is about three times that.
+GGUF_INT8_ACTIVATION = 2.0 ** -6
+
+
+def gguf_bound(k: int, y_dtype) -> float:
+    return UNIT_ROUNDOFF[np.dtype(y_dtype)] + 4 * k * U32 + GGUF_INT8_ACTIVATION
+
+
+def _tiers_built(family: str) -> bool:
+    """True when qg_build_info lists a GPU tier for `family` ("w4a16=cpu,cuda ...")."""
+    m = re.search(rf"\b{family}=(\S+)", pyquant.build_info())
+    return bool(m) and any(t in ("cuda", "hip") or t.startswith(("cuda", "hip"))
+                           for t in m.group(1).split(","))
+
+
+def _need(family: str):
+    if not _tiers_built(family):
+        pytest.skip(f"this build has no GPU tier for {family}: {pyquant.build_info()}")
+
+
+def random_x(rng, m, k, dtype):
+    x = rng.standard_normal((m, k))
+    return np.where(np.abs(x) < 1e-3, 0.5, x).astype(np.float32).astype(dtype)
+
+
+def random_int4(rng, n, k, g, symmetric, scale_dtype):
+    qweight = rng.integers(0, 2 ** 32, size=(n, k // 8), dtype=np.uint32).view(np.int32)
+    scales = (rng.uniform(0.5, 2.0, size=(n, k // g)) * 2.0 ** -4).astype(np.float32).astype(scale_dtype)
+    qzeros = None if symmetric else rng.integers(0, 2 ** 32, size=(n // 8, k // g),
+                                                 dtype=np.uint32).view(np.int32)
+    return pyquant.Int4Weight(qweight, scales, qzeros, g)
+
+
+def _run_tiers(gpu_ctx, family, call):
+    """call() under every tier option; a tier this shape or build cannot serve answers
+    QG_ERR_UNSUPPORTED (skipped); auto (0) must always run. Returns the tiers that ran."""
+    ran = []
+    try:
+        for tier in TIERS[family]:
+            gpu_ctx.set_option(f"{family}_tier", tier)
+            try:
+                call(tier)
+            except pyquant.QuantGemmError as e:
+                if tier == 0 or e.status != _lib.Status.QG_ERR_UNSUPPORTED:
+                    raise
+                continue
+            ran.append(tier)
+    finally:
+        gpu_ctx.set_option(f"{family}_tier", 0)
+    return ran
+
+
+def _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, y_dt):
+    g = poisoned_output(m, n, y_dt, device_ctx=gpu_ctx)
+    pyquant.gemm(xd, wd, out=g.y)
+    return g.value()
+
+
+# ---------------------------------------------------------------- W4A16
+
+@pytest.mark.parametrize("n", [8, 24, 4104], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
+@pytest.mark.parametrize("group_size", [32, 64, 128], ids=lambda g: f"g{g}")
+@pytest.mark.parametrize("x_dt", [F16, BF16], ids=["fp16", "bf16"])
+def test_w4a16_gpu(rng, gpu_ctx, x_dt, group_size, symmetric, n, poisoned_output, assert_close):
+    _need("w4a16")
+    k = 4096 if n == 4104 else 4 * group_size
+    w = random_int4(rng, n, k, group_size, symmetric, BF16 if n % 16 else F16)
+    wd = w.to_device(gpu_ctx)
+    w_deq = w.dequantize()
+    for i, m in enumerate((1, 2, 3, 5, 8, 16, 17, 33)):
+        y_dt = (x_dt, F32)[i % 2]
+        x = random_x(rng, m, k, x_dt)
+        ref = reference.gemm(x, w_deq)
+        xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+
+        def check(tier):
+            y = _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, y_dt)
+            assert_close(y, ref, w4a16_bound(k, y_dt),
+                         f"w4a16 tier={tier} g{group_size} {'sym' if symmetric else 'asym'} "
+                         f"x={x_dt} y={y_dt} m={m} n={n} k={k}")
+        assert 0 in _run_tiers(gpu_ctx, "w4a16", check)
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 3, 8])
+def test_w4a16_gpu_forced_split_k(rng, gpu_ctx, split_k, poisoned_output, assert_close):
+    """split_k only changes the order of fp32 sums (same bound); the workspace counters
+    re-arm, so back-to-back calls on one workspace stay right."""
+    _need("w4a16")
+    n, k, g = 264, 2048, 128
+    w = random_int4(rng, n, k, g, False, BF16)
+    wd, w_deq = w.to_device(gpu_ctx), w.dequantize()
+    gpu_ctx.set_option("split_k", split_k)
+    try:
+        for m in (1, 7, 16):
+            x = random_x(rng, m, k, BF16)
+            xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+            for repeat in range(2):
+                y = _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32)
+                assert_close(y, reference.gemm(x, w_deq), w4a16_bound(k, F32),
+                             f"w4a16 split_k={split_k} m={m} call {repeat}")
+    finally:
+        gpu_ctx.set_option("split_k", 0)
+
+
+def test_w4a16_gpu_one_hot(rng, gpu_ctx, assert_bitwise_equal):
+    """x = one-hot rows: (q - z) * s is formed once in fp32 from exact factors, so y (fp32)
+    is the decoded weight bit for bit on every tier."""
+    _need("w4a16")
+    for g in (32, 64, 128):
+        for symmetric in (False, True):
+            n, k = 24, 2 * g
+            w = random_int4(rng, n, k, g, symmetric, BF16)
+            wd = w.to_device(gpu_ctx)
+            for m_extra, x_dt in ((0, F16), (k, BF16)):  # M = K, and M = 2K (prefill sizes)
+                perm = np.concatenate([rng.permutation(k), rng.permutation(k)[:m_extra]])
+                x = np.zeros((len(perm), k), np.float32)
+                x[np.arange(len(perm)), perm] = 1
+                want = np.ascontiguousarray(w.dequantize()[:, perm].T + np.float32(0))
+                xd = pyquant.DeviceArray.from_numpy(x.astype(x_dt), gpu_ctx)
+
+                def check(tier):
+                    y = pyquant.gemm(xd, wd, out_dtype=np.float32).to_numpy()
+                    assert_bitwise_equal(y, want, f"one-hot w4a16 tier={tier} g{g} sym={symmetric} "
+                                         f"m={len(perm)} x={x_dt}")
+                _run_tiers(gpu_ctx, "w4a16", check)
+
+
+def test_w4a16_gpu_fp16_zero_points_refused(rng, gpu_ctx, poisoned_output):
+    """Zero-points in the activation dtype are refused, in Python and at the C layer."""
+    _need("w4a16")
+    w = random_int4(rng, 8, 128, 32, False, F16).to_device(gpu_ctx)
+    zeros_f16 = pyquant.DeviceArray.from_numpy(np.full((8, 4), 8, np.float16), gpu_ctx)
+    with pytest.raises(pyquant.QuantGemmError, match=r"qzeros has dtype float16: zero-points must stay 4-bit"):
+        pyquant.Int4Weight(w.qweight, w.scales, zeros_f16, 32)
+    g = poisoned_output(2, 8, F16, device_ctx=gpu_ctx)
+    xd = pyquant.DeviceArray.from_numpy(random_x(rng, 2, 128, F16), gpu_ctx)
+    args = _lib.qg_w4a16_gemm_args(
+        m=2, n=8, k=128, group_size=32, x_dtype=_lib.DType.QG_DTYPE_F16,
+        y_dtype=_lib.DType.QG_DTYPE_F16, scale_dtype=_lib.DType.QG_DTYPE_F16,
+        zero_dtype=_lib.DType.QG_DTYPE_F16, x=xd.ptr, ldx=128, qweight=w.qweight.ptr,
+        scales=w.scales.ptr, qzeros=zeros_f16.ptr, y=g.y.ptr, ldy=g.ld)
+    with pytest.raises(pyquant.QuantGemmError, match=r"zero_dtype=\S*F16: zero-points must be packed 4-bit"):
+        _lib.qg_w4a16_gemm(gpu_ctx.handle, ctypes.byref(args), None)
+    gpu_ctx.synchronize()
+    assert g.unchanged(), "a refused call wrote into the device output"
+
+
+# ---------------------------------------------------------------- GGUF
+
+@pytest.mark.parametrize("n", [1, 7, 4099], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("x_dt", [F32, F16, BF16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("fmt", GGUF_FORMATS)
+def test_gguf_gpu(rng, gpu_ctx, fmt, x_dt, n, poisoned_output, assert_close):
+    _need("gguf")
+    spec = F.get(fmt)
+    k = 4096 if n == 4099 else 2 * max(spec.block_elems, 256)
+    raw = spec.module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
+    w = pyquant.from_gguf(fmt, raw, shape=(n, k))
+    wd, w_deq = w.to_device(gpu_ctx), w.dequantize()
+    for i, m in enumerate((1, 2, 3, 5, 8)):
+        y_dt = (x_dt, F32)[i % 2]
+        x = random_x(rng, m, k, x_dt)
+        ref = reference.gemm(x, w_deq)
+        xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+
+        def check(tier):
+            y = _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, y_dt)
+            assert_close(y, ref, gguf_bound(k, y_dt),
+                         f"{fmt} tier={tier} x={x_dt} y={y_dt} m={m} n={n} k={k}")
+        assert 0 in _run_tiers(gpu_ctx, "gguf", check)
+
+
+@pytest.mark.parametrize("fmt", GGUF_FORMATS)
+def test_gguf_gpu_one_hot(rng, gpu_ctx, fmt, assert_bitwise_equal):
+    """One-hot rows return the decoded weights: bit for bit on tiers that keep x in
+    floating point; a tier that quantizes x to int8 blocks turns 1.0 into 127 * (1/127),
+    which is within a few fp32 ulps of 1 (bound: 4 ulps per element, relative)."""
+    _need("gguf")
+    spec = F.get(fmt)
+    n, k = 9, 2 * spec.block_elems
+    raw = spec.module.random_blocks(rng, n, k, d_range=None)  # every finite fp16 scale
+    w = pyquant.from_gguf(fmt, raw, shape=(n, k))
+    wd = w.to_device(gpu_ctx)
+    perm = rng.permutation(k)
+    x = np.zeros((k, k), np.float32)
+    x[np.arange(k), perm] = 1
+    want = np.ascontiguousarray(w.dequantize()[:, perm].T + np.float32(0))
+    xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+
+    def check(tier):
+        y = pyquant.gemm(xd, wd, out_dtype=np.float32).to_numpy()
+        if not np.array_equal(y.view(np.uint32), want.view(np.uint32)):
+            rel = np.abs(y.astype(np.float64) - want) / np.maximum(np.abs(want), np.finfo(np.float32).tiny)
+            worst = np.unravel_index(np.argmax(rel), rel.shape)
+            assert rel[worst] <= 4 * 2.0 ** -23, (
+                f"one-hot {fmt} tier={tier}: at {worst} got {y[worst]!r}, want {want[worst]!r}")
+    _run_tiers(gpu_ctx, "gguf", check)
+
+
+# ---------------------------------------------------------------- guard bands, streams
+
+def test_gpu_guard_bands_and_stream(rng, gpu_ctx, poisoned_output, assert_close):
+    """A launch on a created stream into a strided window of a larger device buffer writes
+    only the window, and the result reports its stream in __cuda_array_interface__."""
+    _need("w4a16")
+    n, k, m = 40, 512, 9
+    w = random_int4(rng, n, k, 64, False, F16)
+    wd = w.to_device(gpu_ctx)
+    x = random_x(rng, m, k, F16)
+    xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+    s = gpu_ctx.stream()
+    g = poisoned_output(m, n, F16, device_ctx=gpu_ctx)
+    pyquant.gemm(xd, wd, out=g.y, stream=s)
+    s.synchronize()
+    assert_close(g.value(), reference.gemm(x, w.dequantize()), w4a16_bound(k, F16), "guarded, stream")
+    y = pyquant.gemm(xd, wd, stream=s)
+    assert y.__cuda_array_interface__["stream"] == s.handle
+    assert_close(y.to_numpy(stream=s), reference.gemm(x, w.dequantize()), w4a16_bound(k, F16), "new output")
