@@ -123,13 +123,13 @@ const char* format_name(int f) {
 // The GPU backend compiled into this build, if any.
 #if defined(QG_GPU_IS_CUDA)
 constexpr int kGpuBackend = QG_BACKEND_CUDA;
-constexpr const char* kGpuName = "CUDA";
+[[maybe_unused]] constexpr const char* kGpuName = "CUDA";
 #elif defined(QG_GPU_IS_HIP)
 constexpr int kGpuBackend = QG_BACKEND_HIP;
-constexpr const char* kGpuName = "HIP";
+[[maybe_unused]] constexpr const char* kGpuName = "HIP";
 #else
 constexpr int kGpuBackend = -1;
-constexpr const char* kGpuName = "";
+[[maybe_unused]] constexpr const char* kGpuName = "";
 #endif
 
 bool is_gpu(const qg_context* ctx) { return ctx->backend != QG_BACKEND_CPU; }

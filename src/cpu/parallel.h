@@ -4,6 +4,9 @@
 #pragma once
 
 #include <stdint.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -15,9 +18,14 @@
 namespace qg {
 namespace cpu {
 
-// Worker count for a context: the cpu_threads option, or every hardware thread.
+// Worker count for a context: the cpu_threads option, or every hardware thread this
+// process may run on (its CPU affinity mask on Linux, which containers restrict).
 inline int thread_count(const qg_context* ctx) {
     if (ctx != nullptr && ctx->cpu_threads > 0) return (int)ctx->cpu_threads;
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
     const unsigned hw = std::thread::hardware_concurrency();
     return hw == 0 ? 1 : (int)hw;
 }
