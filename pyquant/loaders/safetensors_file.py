@@ -1,0 +1,189 @@
+"""Read a .safetensors checkpoint into pyquant weights (safetensors' numpy API).
+
+Conventions recognised, by tensor names and shapes (N = output features, K = input):
+
+| convention               | tensors of one linear layer `X`                                   |
+|--------------------------|-------------------------------------------------------------------|
+| AutoAWQ GEMM             | X.qweight [K, N/8] i32, X.qzeros [K/G, N/8] i32, X.scales [K/G, N] |
+| GPTQ (v1)                | X.qweight [K/8, N] i32, X.qzeros [K/G, N/8] i32, X.scales [K/G, N], X.g_idx [K] |
+| compressed-tensors pack  | X.weight_packed [N, K/8] i32, X.weight_scale [N, K/G], X.weight_zero_point [N/8, K/G] (asym), X.weight_shape [2] |
+| GPT-OSS MXFP4            | X_blocks [E, N, K/32, 16] u8, X_scales [E, N, K/32] u8             |
+
+AWQ and GPTQ share their names; they differ in the packed axis: GPTQ packs qweight along K
+(qweight.shape[1] == N), AWQ along N. The bit width follows from qzeros, which both pack
+along N: bits = 32 * qzeros.shape[1] / N. A `config.json` beside the file, when there is
+one, is read for its `quantization_config` and cross-checked.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+from safetensors import safe_open
+
+from .checkpoint import Checkpoint
+
+_AWQ_GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
+_CT_PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
+
+
+class _Unsupported(Exception):
+    """A tensor group this build cannot load; the message says why."""
+
+
+def _read_quant_config(path: str) -> dict:
+    cfg_path = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
+    if not os.path.isfile(cfg_path):
+        return {}
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    return qc if isinstance(qc, dict) else {}
+
+
+def _group_awq_gptq(arrays: dict, prefix: str, quant_config: dict):
+    """AWQ or GPTQ tensors of one layer -> (Int4Weight, convention name)."""
+    import pyquant
+
+    qweight, qzeros, scales = (arrays[f"{prefix}.{p}"] for p in ("qweight", "qzeros", "scales"))
+    g_idx = arrays.get(f"{prefix}.g_idx")
+    if qweight.ndim != 2 or qzeros.ndim != 2 or scales.ndim != 2:
+        raise _Unsupported(f"qweight {qweight.shape}, qzeros {qzeros.shape}, scales "
+                           f"{scales.shape}: expected 2-D tensors")
+    n = scales.shape[1]
+    bits = 32 * qzeros.shape[1] / n if n else 0
+    if bits != 4:
+        raise _Unsupported(f"{bits:g}-bit weights (qzeros {qzeros.shape} for N={n}); "
+                           f"only 4-bit AWQ/GPTQ is supported")
+    packed_along_k = qweight.shape[1] == n  # GPTQ; AWQ packs along N (qweight.shape[1] == N/8)
+    method = str(quant_config.get("quant_method", "")).lower()
+    convention = "gptq" if (packed_along_k or g_idx is not None) else "awq"
+    if method in ("awq", "gptq") and method != convention:
+        raise _Unsupported(f"config.json says quant_method={method!r} but the shapes "
+                           f"(qweight {qweight.shape}, scales {scales.shape}) are {convention}")
+    if convention == "gptq":
+        if str(quant_config.get("checkpoint_format", "gptq")).lower() not in ("gptq", ""):
+            raise _Unsupported(f"GPTQ checkpoint_format={quant_config['checkpoint_format']!r}: "
+                               f"only the v1 format (zero points stored minus 1) is supported")
+        return pyquant.Int4Weight.from_gptq(qweight, qzeros, scales, g_idx=g_idx), "gptq"
+    return pyquant.Int4Weight.from_awq(qweight, qzeros, scales), "awq"
+
+
+def _group_compressed(arrays: dict, prefix: str):
+    """compressed-tensors pack-quantized tensors of one layer -> Int4Weight."""
+    import pyquant
+
+    packed = arrays[f"{prefix}.weight_packed"]
+    scale = arrays[f"{prefix}.weight_scale"]
+    zero = arrays.get(f"{prefix}.weight_zero_point")
+    shape = arrays.get(f"{prefix}.weight_shape")
+    g_idx = arrays.get(f"{prefix}.weight_g_idx")
+    if packed.ndim != 2:
+        raise _Unsupported(f"weight_packed {packed.shape}: expected [N, K/8]")
+    if shape is not None:
+        n, k = (int(v) for v in np.asarray(shape).reshape(-1)[:2])
+        if n != packed.shape[0] or k != packed.shape[1] * 8:
+            bits = 32 * packed.shape[1] / k if k else 0
+            raise _Unsupported(f"weight_shape ({n}, {k}) with weight_packed {packed.shape}: "
+                               f"{bits:g} bits per value; only 4-bit packing with K a "
+                               f"multiple of 8 is supported")
+    kwargs = {} if g_idx is None else {"g_idx": g_idx}
+    return pyquant.Int4Weight.from_compressed_tensors(packed, scale, zero, **kwargs)
+
+
+def _group_mxfp4(arrays: dict, prefix: str):
+    """GPT-OSS `X_blocks` + `X_scales` -> MXFP4Weight (experts stacked first when 4-D)."""
+    import pyquant
+
+    blocks, scales = arrays[f"{prefix}_blocks"], arrays[f"{prefix}_scales"]
+    if blocks.dtype != np.uint8 or scales.dtype != np.uint8:
+        raise _Unsupported(f"_blocks {blocks.dtype} / _scales {scales.dtype}: MXFP4 needs uint8")
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
+        raise _Unsupported(f"_blocks {blocks.shape} and _scales {scales.shape} do not "
+                           f"match [..., N, K/32, 16] and [..., N, K/32]")
+    return pyquant.from_mxfp4(blocks, scales)
+
+
+def _files(path: str) -> list[str]:
+    if os.path.isdir(path):
+        found = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        if not found:
+            raise FileNotFoundError(f"no .safetensors file in directory {path}")
+        return found
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such file: {path}")
+    return [path]
+
+
+def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoint:
+    """Load a .safetensors file (or every *.safetensors file of a directory).
+
+    Recognised quantized layers become canonical pyquant weights named `X.weight` (AWQ,
+    GPTQ, compressed-tensors) or `X` (GPT-OSS `X_blocks`); every other tensor is returned as
+    the numpy array stored. A layer that cannot be loaded (act-order GPTQ, another bit
+    width, a zero point that does not fit 4 bits, ...) is recorded in
+    `Checkpoint.unsupported` with the reason, or raised as ValueError when strict=True."""
+    path = os.fspath(path)
+    files = _files(path)
+    arrays: dict[str, np.ndarray] = {}
+    header: dict = {}
+    for file in files:
+        with safe_open(file, framework="np") as f:
+            header.update(f.metadata() or {})
+            for name in f.keys():
+                arrays[name] = f.get_tensor(name)
+    quant_config = _read_quant_config(files[0])
+    ckpt = Checkpoint(path=path, container="safetensors", metadata=dict(header))
+    if quant_config:
+        ckpt.metadata["quantization_config"] = quant_config
+
+    used: set[str] = set()
+    groups = []  # (output name, member names, builder, convention)
+    for name in arrays:
+        if name.endswith(".qweight"):
+            prefix = name[: -len(".qweight")]
+            members = [f"{prefix}.{p}" for p in _AWQ_GPTQ_PARTS if f"{prefix}.{p}" in arrays]
+            groups.append((f"{prefix}.weight", prefix, members, "awq/gptq"))
+        elif name.endswith(".weight_packed"):
+            prefix = name[: -len(".weight_packed")]
+            members = [f"{prefix}.{p}" for p in _CT_PARTS if f"{prefix}.{p}" in arrays]
+            groups.append((f"{prefix}.weight", prefix, members, "compressed-tensors"))
+        elif name.endswith("_blocks") and name[: -len("_blocks")] + "_scales" in arrays:
+            prefix = name[: -len("_blocks")]
+            groups.append((prefix, prefix, [name, f"{prefix}_scales"], "gpt-oss mxfp4"))
+
+    for out_name, prefix, members, convention in groups:
+        used.update(members)
+        try:
+            if convention == "awq/gptq":
+                missing = [p for p in ("qzeros", "scales") if f"{prefix}.{p}" not in arrays]
+                if missing:
+                    raise _Unsupported(f"qweight without {', '.join(missing)}")
+                weight, convention = _group_awq_gptq(arrays, prefix, quant_config)
+            elif convention == "compressed-tensors":
+                if f"{prefix}.weight_scale" not in arrays:
+                    raise _Unsupported("weight_packed without weight_scale")
+                weight = _group_compressed(arrays, prefix)
+            else:
+                weight = _group_mxfp4(arrays, prefix)
+        except (_Unsupported, ValueError) as e:
+            why = f"{convention}: {e}"
+            if strict:
+                raise ValueError(f"{out_name}: {why}") from e
+            ckpt.unsupported[out_name] = why
+            continue
+        ckpt.tensors[out_name] = weight
+        ckpt.source[out_name] = convention
+
+    for name, arr in arrays.items():
+        if name not in used:
+            ckpt.tensors[name] = arr
+            ckpt.source[name] = "safetensors"
+    ckpt.tensors = dict(sorted(ckpt.tensors.items()))
+    return ckpt
