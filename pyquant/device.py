@@ -14,6 +14,10 @@ releases; older PyTorch releases refuse to export bfloat16 at all). A `'<V2'` ty
 is therefore read as bfloat16. Some producers label bfloat16 as `'<f2'`, which cannot be
 told apart from float16: pass `dtype="bfloat16"` to `DeviceView.from_object` (or build a
 `DeviceView.from_pointer`) to override the typestr in that case.
+
+The other direction: PyTorch (2.11 checked on an H200) exports '<V2' but does not import
+it, so `torch.as_tensor(bf16_device_array)` fails; hand torch an int16 view and
+reinterpret it there: `torch.as_tensor(y.view(dtype=np.int16), device="cuda").view(torch.bfloat16)`.
 """
 from __future__ import annotations
 

@@ -261,3 +261,56 @@ def test_gpu_guard_bands_and_stream(rng, gpu_ctx, poisoned_output, assert_close)
     y = pyquant.gemm(xd, wd, stream=s)
     assert y.__cuda_array_interface__["stream"] == s.handle
     assert_close(y.to_numpy(stream=s), reference.gemm(x, w.dequantize()), w4a16_bound(k, F16), "new output")
+
+
+# ---------------------------------------------------------------- interop
+
+def test_torch_interop(rng, gpu_ctx, assert_close):
+    """torch CUDA tensors in and out through __cuda_array_interface__: bf16 activations
+    ('<V2' in current torch), weights held in torch tensors, a strided torch output, a
+    torch stream; and torch reading pyquant's own DeviceArray."""
+    _need("w4a16")
+    torch = pytest.importorskip("torch")
+    t = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    assert pyquant.DeviceView.from_object(t).dtype == BF16
+    wh = random_int4(rng, 64, 256, 64, False, BF16)
+    w = wh.to_device(gpu_ctx)
+    ref = reference.gemm(t.float().cpu().numpy(), wh.dequantize())
+    y = pyquant.gemm(t, w)
+    assert isinstance(y, pyquant.DeviceArray) and y.dtype == BF16
+    assert_close(y.to_numpy(), ref, w4a16_bound(256, BF16), "torch bf16 x")
+    # torch exports bf16 as '<V2' but does not import it (it takes V2 as numpy void), so a
+    # bf16 DeviceArray goes to torch as an int16 view, reinterpreted there
+    yt = torch.as_tensor(y.view(dtype=np.int16), device="cuda").view(torch.bfloat16)
+    assert_close(yt.float().cpu().numpy(), ref, w4a16_bound(256, BF16), "torch reads a DeviceArray")
+    y32 = pyquant.gemm(t, w, out_dtype=np.float32)
+    assert_close(torch.as_tensor(y32, device="cuda").cpu().numpy(), ref, w4a16_bound(256, F32),
+                 "torch reads an fp32 DeviceArray")
+    big = torch.full((8, 80), float("nan"), device="cuda", dtype=torch.float32)
+    pyquant.gemm(t, w, out=big[2:6, 3:67])
+    torch.cuda.synchronize()
+    assert_close(big[2:6, 3:67].cpu().numpy(), ref, w4a16_bound(256, F32), "strided torch out")
+    assert torch.isnan(big[:2]).all() and torch.isnan(big[6:]).all() and torch.isnan(big[:, :3]).all() \
+        and torch.isnan(big[:, 67:]).all(), "guard band of a torch output written"
+    wt = pyquant.Int4Weight(torch.as_tensor(wh.qweight).cuda(),
+                            torch.as_tensor(wh.scales.view(np.int16)).cuda().view(torch.bfloat16),
+                            torch.as_tensor(wh.qzeros).cuda(), 64)
+    assert wt.is_device
+    assert_close(pyquant.gemm(t, wt).to_numpy(), ref, w4a16_bound(256, BF16), "torch weights")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y3 = pyquant.gemm(t, w, stream=s)
+    s.synchronize()
+    assert y3.__cuda_array_interface__["stream"] == s.cuda_stream
+    assert_close(y3.to_numpy(), ref, w4a16_bound(256, BF16), "torch stream")
+
+
+def test_cupy_interop(rng, gpu_ctx, assert_close):
+    _need("w4a16")
+    cupy = pytest.importorskip("cupy")
+    wh = random_int4(rng, 64, 256, 32, True, F16)
+    w = wh.to_device(gpu_ctx)
+    x = random_x(rng, 3, 256, F16)
+    y = pyquant.gemm(cupy.asarray(x), w)
+    assert_close(cupy.asnumpy(cupy.asarray(y)), reference.gemm(x, wh.dequantize()),
+                 w4a16_bound(256, F16), "cupy x, cupy reads y")
