@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import os
 
-import gguf
 import ml_dtypes
 import numpy as np
 
 from .. import formats as _formats
 from .checkpoint import Checkpoint
 
-_T = gguf.GGMLQuantizationType
-
 # GGML types the reader already hands back as typed numpy arrays (kept as they are).
-_PLAIN_TYPES = (_T.F32, _T.F16, _T.F64, _T.I8, _T.I16, _T.I32, _T.I64)
+_PLAIN_TYPE_NAMES = ("F32", "F16", "F64", "I8", "I16", "I32", "I64")
+
+
+def _gguf():
+    """The `gguf` package, imported on first use so that pyquant imports without it."""
+    try:
+        import gguf
+    except ImportError as e:
+        raise ImportError("pyquant.load_gguf needs the `gguf` package: pip install gguf") from e
+    return gguf
 
 
 def gguf_type_to_format() -> dict[int, str]:
@@ -28,7 +34,7 @@ def _numpy_shape(tensor) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(tensor.shape.tolist()))
 
 
-def _metadata(reader: gguf.GGUFReader) -> dict:
+def _metadata(reader) -> dict:
     """Key-value metadata as Python values; the GGUF.* header fields are left out."""
     out = {}
     for name, fld in reader.fields.items():
@@ -67,13 +73,16 @@ def load_gguf(path: str | os.PathLike, strict: bool = False) -> Checkpoint:
     A tensor of any other GGML type is recorded in `Checkpoint.unsupported` with its type
     and the reason, never raised on (strict=True raises ValueError instead)."""
     path = os.fspath(path)
+    gguf = _gguf()
+    _T = gguf.GGMLQuantizationType
+    plain_types = tuple(_T[name] for name in _PLAIN_TYPE_NAMES)
     reader = gguf.GGUFReader(path, "r")
     by_type = gguf_type_to_format()
     ckpt = Checkpoint(path=path, container="gguf", metadata=_metadata(reader))
     for t in reader.tensors:
         qtype = _T(int(t.tensor_type))
         shape = _numpy_shape(t)
-        if qtype in _PLAIN_TYPES:
+        if qtype in plain_types:
             ckpt.tensors[t.name] = t.data.reshape(shape)
             ckpt.source[t.name] = f"gguf {qtype.name}"
         elif qtype == _T.BF16:

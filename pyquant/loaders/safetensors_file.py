@@ -22,7 +22,6 @@ import json
 import os
 
 import numpy as np
-from safetensors import safe_open
 
 from .checkpoint import Checkpoint
 
@@ -129,6 +128,11 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
     the numpy array stored. A layer that cannot be loaded (act-order GPTQ, another bit
     width, a zero point that does not fit 4 bits, ...) is recorded in
     `Checkpoint.unsupported` with the reason, or raised as ValueError when strict=True."""
+    try:
+        from safetensors import safe_open
+    except ImportError as e:
+        raise ImportError("pyquant.load_safetensors needs the `safetensors` package: "
+                          "pip install safetensors") from e
     path = os.fspath(path)
     files = _files(path)
     arrays: dict[str, np.ndarray] = {}
