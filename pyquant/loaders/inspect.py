@@ -114,12 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     rows = describe(ckpt, build_info, backend)
     if args.quantized:
         rows = [r for r in rows if r["tier"] != "-"]
+    try:
+        _print_report(args, ckpt, rows, build_info, backend)
+    except BrokenPipeError:  # `inspect FILE | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
 
+
+def _print_report(args, ckpt: Checkpoint, rows: list[dict], build_info: str, backend: str) -> None:
     if args.json:
         print(json.dumps({"file": args.file, "container": ckpt.container, "backend": backend,
                           "build_info": build_info, "tensors": rows,
                           "unsupported": ckpt.unsupported}, indent=1))
-        return 0
+        return
 
     for r in rows:
         r["shape"] = "x".join(str(d) for d in r["shape"])
@@ -144,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
         for name, why in ckpt.unsupported.items():
             print(f"  {name}: {why}")
     print(f"\nbackend: {backend}; build: {build_info}")
-    return 0
 
 
 if __name__ == "__main__":
