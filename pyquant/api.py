@@ -183,9 +183,12 @@ def _act_dtype(v: DeviceView, name: str) -> DType:
 
 
 def _launch_stream(stream, x: DeviceView):
+    """The qg_stream of a launch: `stream` when given, else the producer's CAI v3 stream of
+    x, so the launch is ordered after it. CAI 1 is the legacy default stream, which is
+    what NULL means to the runtime; 2 (per-thread default) is a valid handle as it is."""
     if stream is not None:
         return stream_handle(stream)
-    return x.stream  # CAI v3: order after the producer (None = default stream)
+    return None if x.stream in (None, 1) else x.stream
 
 
 def _result_array(like_numpy: bool, shape, dtype, ctx: Context):
@@ -250,12 +253,11 @@ def gemm(x, w, out=None, out_dtype=None, ctx: Context | None = None, stream=None
     ldx, ldy = _ld(xv, "x"), _ld(yv, "out")
 
     if isinstance(w, Int4Weight):
-        ov = ops
         args = _lib.qg_w4a16_gemm_args(
             m=m, n=n, k=k, group_size=w.group_size, x_dtype=x_dt, y_dtype=y_dt,
             scale_dtype=SCALE_QG_DTYPE[np.dtype(w.scales.dtype)], zero_dtype=DType.QG_DTYPE_U4X8,
-            x=_ptr(xv), ldx=ldx, qweight=_ptr(ov["w.qweight"]), scales=_ptr(ov["w.scales"]),
-            qzeros=_ptr(ov.get("w.qzeros")), y=_ptr(yv), ldy=ldy)
+            x=_ptr(xv), ldx=ldx, qweight=_ptr(ops["w.qweight"]), scales=_ptr(ops["w.scales"]),
+            qzeros=_ptr(ops.get("w.qzeros")), y=_ptr(yv), ldy=ldy)
         query, launch = _lib.qg_w4a16_gemm_workspace_size, _lib.qg_w4a16_gemm
     elif isinstance(w, GGUFWeight):
         args = _lib.qg_gguf_gemm_args(
@@ -283,10 +285,11 @@ def _run(c: Context, args, query, launch, s) -> None:
 
 
 def _mark_stream(result, s) -> None:
-    """A DeviceArray written on stream s reports it in its CAI v3 'stream' (1 = legacy
-    default stream, what a NULL stream is), so consumers order themselves after it."""
+    """A DeviceArray written by a launch remembers its stream: to_numpy() waits on it and
+    __cuda_array_interface__ reports it (the default stream as 1, CAI v3's legacy default)."""
     if isinstance(result, DeviceArray) and result.on_device:
-        result.stream = s if s is not None else 1
+        result.stream = s
+        result.written_async = True
 
 
 # ---------------------------------------------------------------- moe

@@ -509,7 +509,8 @@ class DeviceArray:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = as_dtype(dtype)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-        self.stream = None  # CAI v3 stream the last producer wrote on (None = ready)
+        self.stream = None           # qg_stream of the last launch that wrote it (None = default)
+        self.written_async = False   # a launch wrote it; consumers must order after self.stream
         if self.nbytes == 0:
             self.ptr = 0
             self._finalizer = None
@@ -584,7 +585,7 @@ class DeviceArray:
         if int(np.prod(shape, dtype=np.int64)) * dt.itemsize != self.nbytes:
             raise _err(f"view: shape {shape} of {dtype_name(dt)} does not cover {self.nbytes} bytes")
         return DeviceView(self.ptr, shape, dt, None, ctx=self.ctx, on_device=self.on_device,
-                          owner=self, stream=self.stream)
+                          owner=self, stream=self._cai_stream())
 
     def window(self, row0: int, col0: int, rows: int, cols: int) -> DeviceView:
         """The [rows, cols] sub-matrix at (row0, col0) of a 2-D array, keeping the row
@@ -598,14 +599,19 @@ class DeviceArray:
         it = self.dtype.itemsize
         return DeviceView(self.ptr + (row0 * C + col0) * it, (rows, cols), self.dtype,
                           (C * it, it), ctx=self.ctx, on_device=self.on_device, owner=self,
-                          stream=self.stream)
+                          stream=self._cai_stream())
 
     @property
     def __cuda_array_interface__(self) -> dict:
         if not self.ctx.is_gpu:
             raise AttributeError("a DeviceArray of a CPU context holds host memory and has no "
                                  "__cuda_array_interface__")
-        return _cai(self.ptr, self.shape, self.dtype, None, self.stream)
+        return _cai(self.ptr, self.shape, self.dtype, None, self._cai_stream())
+
+    def _cai_stream(self):
+        if not self.written_async:
+            return None  # from_numpy / copy_from_numpy synchronize: the data is ready
+        return self.stream if self.stream is not None else 1
 
     def __repr__(self) -> str:
         return (f"DeviceArray(shape={self.shape}, dtype={dtype_name(self.dtype)}, "
