@@ -164,3 +164,26 @@ def test_cli_record_then_compare_exit_status(rng, tmp_path, capsys):
     assert bench.main(argv + ["--compare", str(path)], runner=FakeRunner(machine.timer())) == 1
     out = capsys.readouterr().out
     assert "REGRESSION" in out and cases[1].label in out
+
+
+def test_unsupported_cases_are_skipped_not_fatal(rng):
+    # A build without a kernel for one case: record leaves it out, compare lists it as
+    # SKIPPED, and neither stops the other cases.
+    cases = suite()[:3]
+    machine = Machine(rng, cases)
+    missing = cases[1]
+
+    def measure(timer):
+        def run(case):
+            if case.key == missing.key:
+                raise G.Unsupported("no prefill tier in this build")
+            return timer.measure(case)
+        return run
+
+    skipped = []
+    recorded = G.record(cases, measure(machine.timer()), BAND, on_skip=lambda c, why: skipped.append(c))
+    assert [r.case for r in recorded] == [cases[0], cases[2]] and skipped == [missing]
+    rows = golden_rows(recorded) + [dict(golden_rows(recorded)[0], m=missing.m, median_us=10.0)]
+    results = G.compare(cases, rows, measure(machine.timer()), BAND)
+    assert [r.outcome for r in results] == [G.OK, G.SKIPPED, G.OK]
+    assert "no prefill tier" in results[1].note

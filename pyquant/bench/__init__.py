@@ -200,8 +200,13 @@ def _run(args, runner, golden_doc) -> int:
     extra = ""
     exit_status = EXIT_OK
     rows = []
+    skipped = []  # (case, reason): the build or the device cannot run it
+
+    def skip(case, reason):
+        skipped.append((case, reason))
+
     if mode == "record":
-        recorded = G.record(cases, runner.measure, band, progress=step)
+        recorded = G.record(cases, runner.measure, band, progress=step, on_skip=skip)
         for r in recorded:
             rows.append(report.make_row(r.case, r.median_s, machine, r.reproducible,
                                         runner.peers(r.case) if peers_on else None))
@@ -217,13 +222,26 @@ def _run(args, runner, golden_doc) -> int:
         repeats = 1
     else:
         for case in cases:
-            t = runner.measure(case)
-            rows.append(report.make_row(case, t, machine, False, runner.peers(case) if peers_on else None))
+            try:
+                t = runner.measure(case)
+            except G.Unsupported as e:
+                skip(case, str(e))
+            else:
+                rows.append(report.make_row(case, t, machine, False, runner.peers(case) if peers_on else None))
             step(case)
         repeats = 1
 
     print()
-    print(report.table(rows))
+    print(report.table(rows, recorded=mode == "record"))
+    if skipped:
+        groups = {}
+        for case, reason in skipped:
+            groups.setdefault((case.family, case.format, case.variant, reason), []).append(case.m)
+        print(f"\nskipped {len(skipped)} cases this build or device cannot run:")
+        for (family, fmt, variant, reason), ms in groups.items():
+            print(f"  {family} {fmt} {variant} m={','.join(map(str, sorted(set(ms))))}: {reason}")
+    for note in getattr(runner, "notes", lambda: [])():
+        print(f"bench: note: {note}")
     if extra:
         print()
         print(extra)

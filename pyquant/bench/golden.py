@@ -38,6 +38,7 @@ IMPROVEMENT = "improvement"  # faster beyond the band, reproduced by the re-runs
 NOISE = "noise"              # moved beyond the band once, the re-runs did not confirm it
 UNTRUSTED = "untrusted"      # the golden entry itself was not reproducible: not compared
 NEW = "new"                  # no golden entry for this case
+SKIPPED = "skipped"          # measure() raised Unsupported: this build or device cannot run it
 
 KEY_FIELDS = ("family", "format", "variant", "m", "n", "k")
 
@@ -57,6 +58,11 @@ def spread(times: Sequence[float]) -> float:
     return (max(times) - lo) / lo
 
 
+class Unsupported(Exception):
+    """Raised by measure(case) when the case cannot run here (the build or the device lacks
+    the kernel): the case is left out of a record and reported as SKIPPED by compare."""
+
+
 @dataclasses.dataclass
 class Recorded:
     case: object
@@ -66,12 +72,20 @@ class Recorded:
 
 
 def record(cases: Iterable, measure: Callable[[object], float], band: float,
-           repeats: int = REPEATS, progress: Callable[[object], None] | None = None) -> list[Recorded]:
-    """Measure each case `repeats` times; reproducible when the spread is within `band`."""
+           repeats: int = REPEATS, progress: Callable[[object], None] | None = None,
+           on_skip: Callable[[object, str], None] | None = None) -> list[Recorded]:
+    """Measure each case `repeats` times; reproducible when the spread is within `band`.
+
+    A case whose measure raises Unsupported is left out (and passed to on_skip)."""
     out = []
     for case in cases:
-        times = [float(measure(case)) for _ in range(repeats)]
-        out.append(Recorded(case, times, statistics.median(times), spread(times) <= band))
+        try:
+            times = [float(measure(case)) for _ in range(repeats)]
+        except Unsupported as e:
+            if on_skip is not None:
+                on_skip(case, str(e))
+        else:
+            out.append(Recorded(case, times, statistics.median(times), spread(times) <= band))
         if progress is not None:
             progress(case)
     return out
@@ -80,10 +94,11 @@ def record(cases: Iterable, measure: Callable[[object], float], band: float,
 @dataclasses.dataclass
 class Compared:
     case: object
-    outcome: str                     # OK, REGRESSION, IMPROVEMENT, NOISE, UNTRUSTED or NEW
+    outcome: str                     # OK, REGRESSION, IMPROVEMENT, NOISE, UNTRUSTED, NEW, SKIPPED
     golden_s: float | None
     first_s: float | None            # the first measurement (None when not measured)
     rerun_s: list[float]             # the re-runs (empty when the first one was within the band)
+    note: str = ""                   # why a case was SKIPPED
 
     @property
     def current_s(self) -> float | None:
@@ -120,26 +135,32 @@ def compare(cases: Iterable, golden_rows: Iterable[dict], measure: Callable[[obj
     by_key = {case_key(r): r for r in golden_rows}
     out = []
     for case in cases:
-        row = by_key.get(case_key(case))
-        if row is None:
-            out.append(Compared(case, NEW, None, float(measure(case)), []))
-        elif not row.get("reproducible", False):
-            # Never used as truth: do not even spend time measuring it.
-            out.append(Compared(case, UNTRUSTED, row["median_us"] * 1e-6, None, []))
-        else:
-            golden = row["median_us"] * 1e-6
-            first = float(measure(case))
-            side = _side(first, golden, band)
-            if side == 0:
-                out.append(Compared(case, OK, golden, first, []))
-            else:
-                again = [float(measure(case)) for _ in range(reruns)]
-                confirmed = _side(statistics.median(again), golden, band) == side
-                outcome = (REGRESSION if side > 0 else IMPROVEMENT) if confirmed else NOISE
-                out.append(Compared(case, outcome, golden, first, again))
+        try:
+            out.append(_compare_one(case, by_key.get(case_key(case)), measure, band, reruns))
+        except Unsupported as e:
+            row = by_key.get(case_key(case))
+            out.append(Compared(case, SKIPPED, None if row is None else row["median_us"] * 1e-6,
+                                None, [], str(e)))
         if progress is not None:
             progress(case)
     return out
+
+
+def _compare_one(case, row, measure, band, reruns) -> Compared:
+    if row is None:
+        return Compared(case, NEW, None, float(measure(case)), [])
+    if not row.get("reproducible", False):
+        # Never used as truth: do not even spend time measuring it.
+        return Compared(case, UNTRUSTED, row["median_us"] * 1e-6, None, [])
+    golden = row["median_us"] * 1e-6
+    first = float(measure(case))
+    side = _side(first, golden, band)
+    if side == 0:
+        return Compared(case, OK, golden, first, [])
+    again = [float(measure(case)) for _ in range(reruns)]
+    confirmed = _side(statistics.median(again), golden, band) == side
+    outcome = (REGRESSION if side > 0 else IMPROVEMENT) if confirmed else NOISE
+    return Compared(case, outcome, golden, first, again)
 
 
 def has_regression(results: Iterable[Compared]) -> bool:

@@ -31,7 +31,8 @@ def _swiglu_oai_np(h):
     gate, up = h[:, 0::2], h[:, 1::2]
     gate = np.minimum(gate, 7.0)
     up = np.clip(up, -7.0, 7.0)
-    return gate / (1.0 + np.exp(-1.702 * gate)) * (up + 1.0)
+    with np.errstate(over="ignore"):  # exp of a very negative gate overflows to inf: sigmoid 0
+        return gate / (1.0 + np.exp(-1.702 * gate)) * (up + 1.0)
 
 
 class NumpyPeers:

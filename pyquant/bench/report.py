@@ -82,14 +82,17 @@ def _peer_text(row: dict) -> str:
     return "  ".join(parts)
 
 
-def table(rows: list[dict]) -> str:
-    """Fixed-width table; peer ratio = peer time / our time (above 1: pyquant is faster)."""
+def table(rows: list[dict], recorded: bool = False) -> str:
+    """Fixed-width table; peer ratio = peer time / our time (above 1: pyquant is faster).
+
+    The repro column says yes / no after --record, "-" (not checked) otherwise."""
     head = ["family", "format", "variant", "m", "n", "k", "median_us", "GB/s", "TFLOP/s", "roof%", "repro"]
     body = []
     for r in rows:
         body.append([r["family"], r["format"], r["variant"], str(r["m"]), str(r["n"]), str(r["k"]),
                      f"{r['median_us']:.2f}", f"{r['GBps']:.1f}", f"{r['TFLOPs']:.3f}",
-                     f"{r['roofline_pct']:.1f}", "yes" if r["reproducible"] else "-"])
+                     f"{r['roofline_pct']:.1f}",
+                     ("yes" if r["reproducible"] else "no") if recorded else "-"])
     widths = [max(len(x) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
     left = 3  # family, format, variant are left-aligned, numbers right-aligned
 
@@ -103,7 +106,7 @@ def table(rows: list[dict]) -> str:
 
 
 def compare_summary(results: list[G.Compared], band: float) -> str:
-    counts = {o: 0 for o in (G.OK, G.NOISE, G.REGRESSION, G.IMPROVEMENT, G.UNTRUSTED, G.NEW)}
+    counts = {o: 0 for o in (G.OK, G.NOISE, G.REGRESSION, G.IMPROVEMENT, G.UNTRUSTED, G.NEW, G.SKIPPED)}
     for r in results:
         counts[r.outcome] += 1
     lines = [f"compare (noise band {band * 100:.1f} %, {G.RERUNS} re-runs of every case that moved): "
@@ -112,7 +115,9 @@ def compare_summary(results: list[G.Compared], band: float) -> str:
         if r.outcome in (G.OK,):
             continue
         label = r.case.label
-        if r.outcome == G.UNTRUSTED:
+        if r.outcome == G.SKIPPED:
+            lines.append(f"  SKIPPED     {label}: cannot run here ({r.note})")
+        elif r.outcome == G.UNTRUSTED:
             lines.append(f"  UNTRUSTED   {label}: golden entry not reproducible, not compared")
         elif r.outcome == G.NEW:
             lines.append(f"  NEW         {label}: {r.first_s * 1e6:.2f} us, no golden entry")
@@ -182,7 +187,7 @@ def figure(rows: list[dict], machine_title: str):
     import matplotlib.pyplot as plt
 
     panels = _panels(rows)
-    fig, axes = plt.subplots(len(panels), 2, figsize=(12, 3.2 * len(panels)), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(12, 3.2 * len(panels) + 0.5), squeeze=False)
     for (ax_pct, ax_t), (key, prs) in zip(axes, panels.items()):
         series = {}
         for r in prs:
@@ -209,8 +214,9 @@ def figure(rows: list[dict], machine_title: str):
             ax.legend(fontsize=7)
         ax_pct.set_ylim(0, max(105, 5 + max(r["roofline_pct"] for r in prs)))
         ax_t.set_yscale("log")
+    height = 3.2 * len(panels)
     fig.suptitle(machine_title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / height))  # leave 0.5 inch for the title
     return fig
 
 

@@ -44,31 +44,57 @@ class EventTimer:
     of calls the timer enqueues `backlog(stream)` (a large device copy): the host enqueues
     the whole group while the device is still busy, and each start event fires right when
     the previous call ends.
+
+    The timer checks that this held: an event before the backlog gives how long the device
+    was busy with it; when the host took longer than that to enqueue the group, the
+    group's times are thrown away and the backlog is doubled (up to MAX_BACKLOG copies).
+    `starved` counts groups kept although the host was still slower (then at the cap).
     """
 
     kind = "device events"
-    GROUP = 8  # calls enqueued behind one backlog
+    GROUP = 8          # calls enqueued behind one backlog
+    MAX_BACKLOG = 16   # backlog copies at most, per group
 
     def __init__(self, ctx, stream=None, backlog: Callable[[object], None] | None = None):
         self.ctx = ctx
         self.stream = stream
         self.backlog = backlog
+        self.backlog_copies = 1
+        self.starved = 0
+        self.host_s_per_call = 0.0  # host time to enqueue one call, last group
+
+    def _group(self, fn, first: int, g: int):
+        """(times of calls first..first+g-1, host enqueue seconds, backlog device seconds)."""
+        events = [(self.ctx.event(), self.ctx.event()) for _ in range(g)]
+        mark = self.ctx.event()
+        mark.record(self.stream)
+        if self.backlog is not None:
+            for _ in range(self.backlog_copies):
+                self.backlog(self.stream)
+        t0 = time.perf_counter()
+        for j, (start, stop) in enumerate(events):
+            start.record(self.stream)
+            fn(first + j)
+            stop.record(self.stream)
+        host_s = time.perf_counter() - t0
+        events[-1][1].synchronize()
+        busy_s = mark.elapsed_ms(events[0][0]) * 1e-3
+        return [start.elapsed_ms(stop) * 1e-3 for start, stop in events], host_s, busy_s
 
     def time_calls(self, fn: Callable[[int], object], reps: int, first: int = 0) -> list[float]:
         out = []
         i = first
         while i < first + reps:
             g = min(self.GROUP, first + reps - i)
-            events = [(self.ctx.event(), self.ctx.event()) for _ in range(g)]
-            if self.backlog is not None:
-                self.backlog(self.stream)
-            for start, stop in events:
-                start.record(self.stream)
-                fn(i)
-                stop.record(self.stream)
-                i += 1
-            events[-1][1].synchronize()
-            out += [start.elapsed_ms(stop) * 1e-3 for start, stop in events]
+            times, host_s, busy_s = self._group(fn, i, g)
+            self.host_s_per_call = host_s / g
+            if self.backlog is not None and host_s > busy_s:
+                if self.backlog_copies < self.MAX_BACKLOG:
+                    self.backlog_copies *= 2
+                    continue  # the device waited for the host: redo the group
+                self.starved += 1
+            out += times
+            i += g
         return out
 
     def synchronize(self) -> None:

@@ -1,0 +1,254 @@
+"""The library-backed runner: builds each case's weights, times pyquant.gemm / pyquant.moe.
+
+A runner answers four questions for `main`: machine() (device, copy bandwidth, FLOP
+ceiling), measure(case) (median seconds of one call), peers(case) (peer name -> median
+seconds) and close(). timing.FakeRunner is the stand-in tests use.
+
+Weights are random but valid (finite scales, no all-zero data): the kernels' speed does
+not depend on the values. Each weight set is built once per (family, format, variant, N,
+K) and rotated through `copies` copies so that no call finds its weights in the cache
+(cases.rotation_copies: 3 x L2 on a GPU, 2 x the last-level cache on the CPU, bounded by
+a memory budget).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import ml_dtypes
+import numpy as np
+
+from . import cases as C
+from . import golden
+from . import peers as P
+from . import roofline as R
+from . import timing
+
+NP_DTYPE = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+# GPU: what must stream through L2 between two uses of one weight copy (3 x L2; the H200's
+# L2 is 60 MB per DESIGN.md, MI300's Infinity Cache 256 MB) and the memory the copies may take.
+GPU_L2_BYTES = {"cuda": 60 << 20, "hip": 256 << 20}
+GPU_WEIGHT_BUDGET = 16 << 30
+GPU_BUDGET_S = 0.25
+GPU_BACKLOG_BYTES = 1 << 30   # ~0.5 ms of copy on an H200: covers enqueuing EventTimer.GROUP calls
+# CPU: 2 x the last-level cache, and at most 2 GiB of copies (CI machines are small).
+CPU_WEIGHT_BUDGET = 2 << 30
+CPU_BUDGET_S = 0.5
+CPU_LLC_FALLBACK = 32 << 20
+# Scales of the random weights: small enough that sums of thousands of products of
+# random codes and unit-normal activations stay far from fp16 overflow.
+SCALE_RANGE = (1e-3, 1e-2)
+GGUF_TILE_ROWS = 256  # random GGUF rows generated, then repeated to N rows (values don't matter)
+
+
+def cpu_llc_bytes() -> int:
+    """Size of the largest CPU cache (sysfs), or CPU_LLC_FALLBACK."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for idx in os.listdir(base):
+            try:
+                with open(os.path.join(base, idx, "size")) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * mult)
+    except (OSError, ValueError):
+        pass
+    return best or CPU_LLC_FALLBACK
+
+
+def _host_weight_arrays(case: C.Case, rng) -> dict:
+    """Random valid arrays of one weight set (numpy), keyed by constructor argument."""
+    n, k = case.n, case.k
+    if case.family == "w4a16":
+        v = C.parse_w4a16_variant(case.variant)
+        groups = k // v.group_size
+        return {
+            "qweight": rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32).view(np.int32),
+            "scales": rng.uniform(*SCALE_RANGE, (n, groups)).astype(NP_DTYPE[v.dtype]),
+            "qzeros": None if v.symmetric else
+            rng.integers(0, 2**32, (n // 8, groups), dtype=np.uint32).view(np.int32),
+        }
+    if case.family == "gguf":
+        from pyquant import formats
+        mod = formats.get(case.format).module
+        tile = mod.random_blocks(rng, min(n, GGUF_TILE_ROWS), k, d_range=SCALE_RANGE)
+        return {"raw": np.ascontiguousarray(np.resize(tile, (n, tile.shape[1])))}
+    # E8M0 scales 2^-9 .. 2^0 (bytes 118..127): finite, and far from the NaN code 255.
+    if case.family == "mxfp4":
+        return {"blocks": rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8),
+                "scales": rng.integers(118, 128, (n, k // 32), dtype=np.uint8)}
+    model = case.moe_model()
+    e, h, i = model.experts, model.hidden, model.intermediate
+    bf16 = NP_DTYPE[C.MOE_ACT_DTYPE]
+    return {
+        "w13_blocks": rng.integers(0, 256, (e, 2 * i, h // 32, 16), dtype=np.uint8),
+        "w13_scales": rng.integers(118, 128, (e, 2 * i, h // 32), dtype=np.uint8),
+        "w13_bias": rng.uniform(-0.1, 0.1, (e, 2 * i)).astype(bf16),
+        "w2_blocks": rng.integers(0, 256, (e, h, i // 32, 16), dtype=np.uint8),
+        "w2_scales": rng.integers(118, 128, (e, h, i // 32), dtype=np.uint8),
+        "w2_bias": rng.uniform(-0.1, 0.1, (e, h)).astype(bf16),
+    }
+
+
+def _make_weights(pq, case: C.Case, a: dict):
+    """pyquant weight object(s) from the arrays of _host_weight_arrays."""
+    if case.family == "w4a16":
+        v = C.parse_w4a16_variant(case.variant)
+        return pq.Int4Weight(a["qweight"], a["scales"], a["qzeros"], v.group_size)
+    if case.family == "gguf":
+        return pq.from_gguf(case.format, a["raw"], shape=(case.n, case.k))
+    if case.family == "mxfp4":
+        return pq.from_mxfp4(a["blocks"], a["scales"])
+    return (pq.from_mxfp4(a["w13_blocks"], a["w13_scales"], a["w13_bias"]),
+            pq.from_mxfp4(a["w2_blocks"], a["w2_scales"], a["w2_bias"]))
+
+
+class LibraryRunner:
+    def __init__(self, backend: str = "auto", device: int = 0, budget_s: float | None = None,
+                 peers: bool = True):
+        import pyquant
+        self.pq = pyquant
+        if backend == "auto":
+            backend = pyquant.default_context().backend
+        self.ctx = pyquant.Context(backend, device)
+        self.backend = self.ctx.backend
+        self.device = self.ctx.device_name
+        self.build = pyquant.build_info()
+        self.gpu = self.backend != "cpu"
+        self.rng = np.random.default_rng()
+        if self.gpu:
+            self.flush_bytes = 3 * GPU_L2_BYTES.get(self.backend, 60 << 20)
+            self.mem_budget = GPU_WEIGHT_BUDGET
+            self.budget_s = budget_s or GPU_BUDGET_S
+            self._backlog_src = pyquant.DeviceArray.empty((GPU_BACKLOG_BYTES,), np.uint8, ctx=self.ctx)
+            self._backlog_dst = pyquant.DeviceArray.empty((GPU_BACKLOG_BYTES,), np.uint8, ctx=self.ctx)
+            self.timer = timing.EventTimer(self.ctx, None, self._backlog)
+            self.reps = dict(min_reps=timing.MIN_REPS, max_reps=timing.MAX_REPS, warmup=timing.WARMUP)
+        else:
+            self.flush_bytes = 2 * cpu_llc_bytes()
+            self.mem_budget = CPU_WEIGHT_BUDGET
+            self.budget_s = budget_s or CPU_BUDGET_S
+            self.timer = timing.HostTimer()
+            # The CPU tier's large cases take a good fraction of a second: fewer calls.
+            self.reps = dict(min_reps=5, max_reps=timing.MAX_REPS, warmup=2)
+        self.timer_kind = (f"{self.timer.kind}, median of {self.reps['min_reps']}..{self.reps['max_reps']} "
+                           f"calls within {self.budget_s:g} s after {self.reps['warmup']} warm-up calls; "
+                           f"weights rotated past {self.flush_bytes >> 20} MiB of cache")
+        self._peers = P.make_peers(self.backend, self.flush_bytes, self.mem_budget) if peers else None
+        self._peer_warned = False
+        self._wkey = None
+        self._weights = None
+        self._ckey = None
+        self._call = None
+
+    # ------------------------------------------------------------ machine
+
+    def machine(self) -> R.Machine:
+        if not self.gpu:
+            return R.cpu_machine(self.device)
+        copy = R.gpu_copy_bandwidth(self.ctx, self._d2d)
+        peak, source = R.torch_bf16_peak()
+        return R.Machine(self.device, self.backend, copy,
+                         f"qg_memcpy device-to-device {R.GPU_COPY_BYTES >> 30} GiB, read+write", peak, source)
+
+    def _d2d(self, dst, src, nbytes, stream=None):
+        from pyquant import _lib
+        _lib.qg_memcpy(self.ctx.handle, dst.ptr, src.ptr, nbytes,
+                       _lib.CopyKind.QG_COPY_DEVICE_TO_DEVICE, stream)
+
+    def _backlog(self, stream):
+        self._d2d(self._backlog_dst, self._backlog_src, GPU_BACKLOG_BYTES, stream)
+
+    # ------------------------------------------------------------ cases
+
+    def _weight_set(self, case: C.Case):
+        if self._wkey == case.weight_key:
+            return self._weights
+        self._weights = None  # free the previous set before building the next
+        self._ckey = self._call = None
+        arrays = _host_weight_arrays(case, self.rng)
+        copies = C.rotation_copies(C.touched_weight_bytes(case), C.weight_footprint(case),
+                                   self.flush_bytes, self.mem_budget)
+        ws = []
+        for c in range(copies):
+            # Each copy in its own memory: distinct device copies, or host arrays copied.
+            w = _make_weights(self.pq, case, arrays if (self.gpu or c == 0) else
+                              {n: None if a is None else a.copy() for n, a in arrays.items()})
+            if self.gpu:
+                w = tuple(x.to_device(self.ctx) for x in w) if isinstance(w, tuple) else w.to_device(self.ctx)
+            ws.append(w)
+        first = ws[0][0] if isinstance(ws[0], tuple) else ws[0]
+        if case.family != "moe" and first.nbytes != C.dense_weight_bytes(case):
+            print(f"bench: warning: {case.label}: weight.nbytes = {first.nbytes} but the bench "
+                  f"counts {C.dense_weight_bytes(case)} bytes", file=sys.stderr)
+        self._wkey, self._weights = case.weight_key, ws
+        return ws
+
+    def _callable(self, case: C.Case):
+        """fn(i): one call of the case on weight copy i % copies."""
+        if self._ckey == case.key:
+            return self._call
+        ws = self._weight_set(case)
+        pq, ctx = self.pq, self.ctx
+        dt = NP_DTYPE[C.act_dtype(case)]
+        x = self.rng.standard_normal((case.m, case.k), dtype=np.float32).astype(dt)
+        if case.family == "moe":
+            ids, topw = C.moe_routing(case)
+            y = np.empty((case.m, case.k), dt)
+            if self.gpu:
+                x, ids, topw, y = (pq.DeviceArray.from_numpy(a, ctx) for a in (x, ids, topw, y))
+
+            def call(i):
+                w13, w2 = ws[i % len(ws)]
+                pq.moe(x, ids, topw, w13, w2, activation="swiglu_oai", gate_up_layout="interleaved",
+                       ctx=ctx, out=y)
+        else:
+            y = np.empty((case.m, case.n), dt)
+            if self.gpu:
+                x, y = pq.DeviceArray.from_numpy(x, ctx), pq.DeviceArray.from_numpy(y, ctx)
+
+            def call(i):
+                pq.gemm(x, ws[i % len(ws)], out=y, ctx=ctx)
+        self._ckey, self._call = case.key, call
+        return call
+
+    def measure(self, case: C.Case) -> float:
+        """Median seconds of one call; golden.Unsupported when the library cannot run the case."""
+        from pyquant._lib import Status
+        try:
+            return timing.measure(self.timer, self._callable(case), self.budget_s, **self.reps)
+        except self.pq.QuantGemmError as e:
+            if e.status == Status.QG_ERR_UNSUPPORTED:
+                raise golden.Unsupported(str(e)) from None
+            raise
+
+    def peers(self, case: C.Case) -> dict[str, float]:
+        if self._peers is None:
+            return {}
+        try:
+            return self._peers(case)
+        except Exception as e:  # a peer is never required: report once and go on
+            if not self._peer_warned:
+                print(f"bench: warning: peer failed on {case.label}: {type(e).__name__}: {e}",
+                      file=sys.stderr)
+                self._peer_warned = True
+            return {}
+
+    def notes(self) -> list[str]:
+        """Warnings about the measurements, printed after the table."""
+        out = []
+        starved = getattr(self.timer, "starved", 0)
+        if starved:
+            out.append(f"{starved} groups of timed calls were enqueued slower than the device ran "
+                       f"them even behind {self.timer.MAX_BACKLOG} backlog copies: their times "
+                       "may include host launch gaps")
+        return out
+
+    def close(self) -> None:
+        self._weights = self._call = None
+        if self._peers is not None:
+            self._peers.close()
