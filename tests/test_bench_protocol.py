@@ -187,3 +187,15 @@ def test_unsupported_cases_are_skipped_not_fatal(rng):
     results = G.compare(cases, rows, measure(machine.timer()), BAND)
     assert [r.outcome for r in results] == [G.OK, G.SKIPPED, G.OK]
     assert "no prefill tier" in results[1].note
+
+
+def test_plot_without_matplotlib_is_a_clear_usage_error(rng, tmp_path, monkeypatch, capsys):
+    from pyquant.bench import report
+    monkeypatch.setattr(report, "have_matplotlib", lambda: False)
+    machine = Machine(rng, C.build_suite(quick=True))
+    timer = machine.timer()
+    status = bench.main(["--quick", "--plot", str(tmp_path / "p.png")], runner=FakeRunner(timer))
+    assert status == bench.EXIT_USAGE
+    assert "matplotlib" in capsys.readouterr().err
+    assert timer.calls == {}, "nothing may be measured before the missing tool is reported"
+    assert not (tmp_path / "p.png").exists()
