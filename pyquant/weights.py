@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _lib
 from . import formats as _formats
 from .formats import int4 as _int4, mxfp4 as _mxfp4
 from .device import (BFLOAT16, Context, DeviceArray, DeviceView, _err, default_context,
@@ -79,7 +80,6 @@ def _to_host(a, ctx: Context | None) -> np.ndarray:
     host = np.empty(a.shape, dtype=a.dtype)
     if a.nbytes:
         kind = c.copy_kind(dst_on_device=False, src_on_device=a.on_device)
-        from . import _lib
         _lib.qg_memcpy(c.handle, host.ctypes.data, a.ptr, a.nbytes, kind, None)
         c.synchronize()
     return host
