@@ -184,6 +184,14 @@ qg_status check_ld(const char* ld_name, int64_t ld, const char* dim_name, int64_
     return QG_OK;
 }
 
+// `array` has `rows` rows of stride ld_name=ld elements of esize bytes: its byte offsets
+// must fit in int64 (a guard against sizes that wrap around before memory is touched).
+qg_status check_extent(const char* ld_name, int64_t ld, const char* array, int64_t rows, int64_t esize) {
+    QG_CHECK(rows <= 0 || ld <= 0 || ld <= INT64_MAX / esize / rows,
+             "%s=%lld is too large: %lld rows of %s overflow 64-bit byte offsets", ld_name, (ll)ld, (ll)rows, array);
+    return QG_OK;
+}
+
 [[maybe_unused]] qg_status check_workspace(void* ws, size_t ws_bytes, size_t required, const char* query) {
     if (required == 0) return QG_OK;
     QG_CHECK(ws_bytes >= required, "workspace_bytes=%zu < %zu bytes required (%s)", ws_bytes, required, query);
@@ -243,6 +251,9 @@ qg_status check_w4a16(const qg_w4a16_gemm_args& a, bool pointers) {
     }
     QG_TRY(check_ld("ldx", a.ldx, "k", a.k));
     QG_TRY(check_ld("ldy", a.ldy, "n", a.n));
+    QG_TRY(check_extent("ldx", a.ldx, "x", a.m, (int64_t)dtype_size(a.x_dtype)));
+    QG_TRY(check_extent("ldy", a.ldy, "y", a.m, (int64_t)dtype_size(a.y_dtype)));
+    QG_TRY(check_extent("k", a.k, "qweight (k/8 words per row)", a.n, 1));
     if (pointers) {
         QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
         QG_TRY(check_ptr(a.qweight, "qweight", 4, "int32 words"));
@@ -264,6 +275,7 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     QG_TRY(check_positive("k", a.k));
     QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name,
              f->elems);
+    QG_CHECK(a.k / f->elems <= INT64_MAX / f->bytes, "k=%lld is too large: a row's bytes overflow int64", (ll)a.k);
     const int64_t row_bytes = a.k / f->elems * f->bytes;
     QG_CHECK(a.ldw >= row_bytes, "ldw=%lld < %lld bytes per row (k=%lld is %lld %s blocks of %d bytes)", (ll)a.ldw,
              (ll)row_bytes, (ll)a.k, (ll)(a.k / f->elems), f->name, f->bytes);
@@ -272,6 +284,9 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     QG_TRY(check_y_dtype("y_dtype", a.y_dtype, "x_dtype", a.x_dtype));
     QG_TRY(check_ld("ldx", a.ldx, "k", a.k));
     QG_TRY(check_ld("ldy", a.ldy, "n", a.n));
+    QG_TRY(check_extent("ldx", a.ldx, "x", a.m, (int64_t)dtype_size(a.x_dtype)));
+    QG_TRY(check_extent("ldy", a.ldy, "y", a.m, (int64_t)dtype_size(a.y_dtype)));
+    QG_TRY(check_extent("ldw", a.ldw, "w", a.n, 1));
     if (pointers) {
         QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
         QG_TRY(check_ptr(a.w, "w", 2, "GGUF blocks hold fp16 scales"));
@@ -291,6 +306,9 @@ qg_status check_mxfp4(const qg_mxfp4_gemm_args& a, bool pointers) {
         QG_TRY(check_dtype("bias_dtype", a.bias_dtype, kF32 | kF16 | kBF16, "MXFP4 bias (fp32, fp16 or bf16)"));
     QG_TRY(check_ld("ldx", a.ldx, "k", a.k));
     QG_TRY(check_ld("ldy", a.ldy, "n", a.n));
+    QG_TRY(check_extent("ldx", a.ldx, "x", a.m, (int64_t)dtype_size(a.x_dtype)));
+    QG_TRY(check_extent("ldy", a.ldy, "y", a.m, (int64_t)dtype_size(a.y_dtype)));
+    QG_TRY(check_extent("k", a.k, "blocks (k/2 bytes per row)", a.n, 1));
     if (pointers) {
         QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
         QG_TRY(check_ptr(a.blocks, "blocks", 1, "bytes"));
@@ -308,6 +326,8 @@ qg_status check_routing_sizes(int64_t T, int32_t top_k, int32_t E, int32_t tile_
     QG_CHECK(top_k >= 1, "top_k=%d is < 1", top_k);
     QG_CHECK(top_k <= E, "top_k=%d > num_experts=%d", top_k, E);
     QG_CHECK(tile_m == 16 || tile_m == 32 || tile_m == 64, "tile_m=%d is not one of 16, 32, 64", tile_m);
+    // pair indices and sorted slots are int32: bound T*top_k before computing with it
+    QG_CHECK(T <= INT32_MAX / top_k, "num_tokens=%lld x top_k=%d pairs do not fit int32 pair indices", (ll)T, top_k);
     int64_t max_sorted, max_tiles;
     qg::moe_align_sizes(T, top_k, E, tile_m, &max_sorted, &max_tiles);
     QG_CHECK(max_sorted <= INT32_MAX, "num_tokens=%lld x top_k=%d gives %lld sorted slots: more than int32 indices hold",
@@ -322,19 +342,24 @@ qg_status check_routing_ptrs(const int32_t* sorted_ids, const int32_t* tile_expe
     return QG_OK;
 }
 
-qg_status check_moe_dims(int64_t hidden, int64_t intermediate) {
+qg_status check_moe_dims(int64_t T, int32_t top_k, int32_t E, int64_t hidden, int64_t intermediate) {
     QG_TRY(check_positive("hidden", hidden));
     QG_TRY(check_positive("intermediate", intermediate));
     QG_CHECK(hidden % 32 == 0, "hidden=%lld is not a multiple of 32 (MXFP4 blocks)", (ll)hidden);
     QG_CHECK(intermediate % 32 == 0, "intermediate=%lld is not a multiple of 32 (MXFP4 blocks)", (ll)intermediate);
+    // w13 is [E, 2I, H/32, 16] bytes, w2 [E, H, I/32, 16], act [T*top_k, I]: no size may wrap
+    QG_CHECK(hidden <= INT64_MAX / 4 / intermediate / E, "hidden=%lld x intermediate=%lld x num_experts=%d overflows int64",
+             (ll)hidden, (ll)intermediate, E);
+    QG_TRY(check_extent("intermediate", intermediate, "act", T * top_k, 4));
     return QG_OK;
 }
 
 qg_status check_moe_stage1(const qg_moe_stage1_args& a) {
     QG_TRY(check_routing_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m));
-    QG_TRY(check_moe_dims(a.hidden, a.intermediate));
+    QG_TRY(check_moe_dims(a.num_tokens, a.top_k, a.num_experts, a.hidden, a.intermediate));
     QG_TRY(check_dtype("x_dtype", a.x_dtype, kF32 | kF16 | kBF16, "MoE (fp32, fp16 or bf16)"));
     QG_TRY(check_ld("ldx", a.ldx, "hidden", a.hidden));
+    QG_TRY(check_extent("ldx", a.ldx, "x", a.num_tokens, (int64_t)dtype_size(a.x_dtype)));
     EnumText t;
     QG_CHECK(a.activation == QG_ACT_SILU_GLU || a.activation == QG_ACT_SWIGLU_OAI,
              "activation=%s is not a qg_activation value", t(nullptr, a.activation));
@@ -359,10 +384,11 @@ qg_status check_moe_stage1(const qg_moe_stage1_args& a) {
 
 qg_status check_moe_stage2(const qg_moe_stage2_args& a) {
     QG_TRY(check_routing_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m));
-    QG_TRY(check_moe_dims(a.hidden, a.intermediate));
+    QG_TRY(check_moe_dims(a.num_tokens, a.top_k, a.num_experts, a.hidden, a.intermediate));
     QG_TRY(check_dtype("act_dtype", a.act_dtype, kF32 | kF16 | kBF16, "MoE (fp32, fp16 or bf16)"));
     QG_TRY(check_dtype("y_dtype", a.y_dtype, kF32 | kF16 | kBF16, "MoE (fp32, fp16 or bf16)"));
     QG_TRY(check_ld("ldy", a.ldy, "hidden", a.hidden));
+    QG_TRY(check_extent("ldy", a.ldy, "y", a.num_tokens, (int64_t)dtype_size(a.y_dtype)));
     if (a.w2_bias != nullptr)
         QG_TRY(check_dtype("bias_dtype", a.bias_dtype, kF32 | kF16 | kBF16, "MoE bias (fp32, fp16 or bf16)"));
     QG_TRY(check_ptr(a.act, "act", dtype_size(a.act_dtype), dtype_name(a.act_dtype)));
