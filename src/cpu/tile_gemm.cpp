@@ -23,7 +23,7 @@ inline float hsum(const float* s) {
 // On x86-64 Linux one clone per ISA level, picked at load time (ifunc): the library
 // stays portable (baseline SSE2) and uses AVX2 / AVX-512 where the CPU has it.
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target_clones("avx512f", "avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void dot_tile(const float* const* xrows, int64_t k_off, int64_t M, const float* w, int64_t ldw, int R,
               int64_t kc, float* acc) {
