@@ -3,7 +3,9 @@
 // Written so that the compiler vectorises it without -ffast-math: each row keeps 16
 // independent partial sums (lane l sums k = l mod 16), which is a plain elementwise
 // loop, and only the final 16 -> 1 reduction is sequential. Four weight rows share each
-// activation load. The summation order differs from numpy's, which is why GEMM
+// activation load. This file alone is built with -ffp-contract=fast (CMakeLists.txt), so
+// the AVX2/AVX-512 clones use fused multiply-adds; the decoders, built without, keep
+// every dequantization step rounded as gguf-py does. The summation order differs from numpy's, which is why GEMM
 // results are compared with a tolerance while dequantization is compared bit for bit.
 #include "cpu/tile_gemm.h"
 
