@@ -2,7 +2,7 @@
 # One call on the GPU machine: build the CUDA tier, run the GPU tests, compute-sanitizer,
 # and the benchmark; full logs under $OUT, a short summary last.
 #
-#   bench/gpu_check.sh [build] [test] [memcheck] [racecheck] [bench] [record]
+#   bench/gpu_check.sh [build] [test] [memcheck] [racecheck] [profile] [bench] [record]
 #   (no stage named = build test memcheck bench)
 #
 # Environment: QG_BENCH_ARGS (extra arguments for `python -m pyquant bench`),
@@ -55,8 +55,19 @@ if has racecheck; then
     summary+=("racecheck rc=$? : $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1)")
 fi
 
+if has profile; then
+    # one kernel under ncu per case: duration, DRAM and SM throughput, occupancy
+    for c in ${QG_PROFILE_CASES:-"w4a16 43008 5376 1" "w4a16 43008 5376 16" "w4a16:32 14336 4096 4"}; do
+        QG_LOG=1 ncu --clock-control none -k regex:decode --launch-skip 2 --launch-count 1 \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,launch__grid_size,launch__registers_per_thread \
+            python3 bench/profile_gemm.py $c >> "$OUT/profile.log" 2>&1
+    done
+    grep -E "quantgemm\]|decode|duration|dram__|sm__|inst_executed|grid_size|registers|^ok" "$OUT/profile.log" | tail -60
+    summary+=("profile done")
+fi
+
 if has bench; then
-    python3 -m pyquant bench ${QG_BENCH_ARGS:---quick} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    QG_LOG=1 python3 -m pyquant bench ${QG_BENCH_ARGS:---quick} --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
     summary+=("bench rc=$?")
     tail -60 "$OUT/bench.log"
 fi

@@ -63,6 +63,7 @@
 #define hipEventSynchronize cudaEventSynchronize
 #define hipEventElapsedTime cudaEventElapsedTime
 #define hipFuncSetAttribute cudaFuncSetAttribute
+#define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 
 // device intrinsics: HIP's shuffles take no mask; every lane of the warp participates
 #define __shfl_xor(var, lane_mask, width) __shfl_xor_sync(0xffffffffu, (var), (lane_mask), (width))

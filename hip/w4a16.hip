@@ -57,31 +57,41 @@ struct Params {
     const uint16_t* scales;  // [N, K/G] fp16/bf16 bits
     const int32_t* qzeros;   // [N/8, K/G] packed nibbles along N, or nullptr (z = 8)
     void* y;                 // [M, N], row stride ldy elements, type y_type
-    float* partial;          // [split_k, M, N] fp32 partial sums (split_k > 1 only)
-    unsigned* counters;      // [gridDim.x] arrival counters, zero on entry, left zero
+    float* partial;          // [row_blocks, max_contributors, 16, 64] fp32 partial sums
+    unsigned* counters;      // [row_blocks] arrival counters, zero on entry, left zero
     int m, n, k;             // this launch's M (<= 16), N, K
     int64_t ldx, ldy;
     int group_size;          // G in {32, 64, 128}
     int scale_type;          // ELEM_F16 or ELEM_BF16
     int y_type;              // ELEM_F16, ELEM_BF16 or ELEM_F32
-    int sc_per_split;        // superchunks (of SC_K) per blockIdx.y
+    int row_blocks;          // ceil(N / 64): blocks of weight rows (decode_mma)
+    int max_contributors;    // most persistent blocks sharing one row block (decode_mma)
 };
 
 // ---------------------------------------------------------------- decode_mma tier
 // Block: 4 warps; warp w owns weight rows n0 + 16w .. n0 + 16w + 15 of the block's 64.
-// The block walks its K slice in superchunks of SC_K = 512 (4 chunks of 128): each
-// superchunk stages x[0:M, 512] and the 64 x (512/G) scales and zero offsets in shared
-// memory, then every warp streams 16 rows x 64 bytes of qweight per chunk.
+// The block walks its units (64 rows x SC_K = 256 k) through a STAGES-deep ring in shared
+// memory filled by cp.async (weights 8 KB, x, scales and zero words of one unit per
+// stage), so three units are in flight while the warps decode the fourth; the weights
+// never sit in registers longer than one 128-wide chunk.
 constexpr int MMA_WARPS = 4;
 constexpr int MMA_THREADS = MMA_WARPS * 32;
 constexpr int ROWS_PER_BLOCK = MMA_WARPS * 16;
 constexpr int CHUNK_K = 128;
-constexpr int SC_CHUNKS = 4;
+constexpr int SC_CHUNKS = 2;
 constexpr int SC_K = CHUNK_K * SC_CHUNKS;
 constexpr int SC_MAX_GROUPS = SC_K / 32;
-// x row stride in shared memory, in 16-bit elements: 512 + 32 so that the two x rows
+constexpr int STAGES = 4;
+// x row stride in shared memory, in 16-bit elements: 256 + 32 so that the two x rows
 // read by one 8-lane phase of a 16-byte load fall in opposite bank halves (64 B apart).
 constexpr int XS_STRIDE = SC_K + 32;
+constexpr int W_STAGE_BYTES = ROWS_PER_BLOCK * SC_K / 2;            // 8 KB of packed nibbles
+constexpr int S_STAGE_BYTES = ROWS_PER_BLOCK * SC_MAX_GROUPS * 2;   // scale bits [64][8]
+constexpr int Z_STAGE_BYTES = (ROWS_PER_BLOCK / 8) * SC_MAX_GROUPS * 4;  // zero words [8][8]
+__host__ __device__ constexpr int stage_bytes(int mt) {
+    return W_STAGE_BYTES + mt * 8 * XS_STRIDE * 2 + S_STAGE_BYTES + Z_STAGE_BYTES;
+}
+__host__ __device__ constexpr int mma_smem_bytes(int mt) { return STAGES * stage_bytes(mt); }
 
 // Which k a thread's nibble is, inside one 128-wide chunk. Lane = 4g + t.
 // After the optional quad transpose, thread t holds, for q = 0..3, word W_q of its two rows:
@@ -160,34 +170,121 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int t) {
 }
 #endif  // QG_HAS_MMA_SYNC
 
+// Work split (stream-K): the (row block, superchunk) units are laid out row-block-major,
+// u = r * S + s with S superchunks per row, and persistent block b of P owns the contiguous
+// units [b*U/P, (b+1)*U/P) of U = row_blocks * S. Every block gets the same amount of
+// weight bytes whatever N and K are (no partial last wave), and a row block whose K range
+// is shared by several blocks is summed by the last of them to arrive (fixed order).
+//   owner(u) = ((u + 1) * P - 1) / U     the block whose range holds unit u
+//   contributors(r) = owner(r*S + S - 1) - owner(r*S) + 1
+__device__ __forceinline__ int owner_of(int64_t u, int64_t units, int64_t blocks) {
+    return static_cast<int>(((u + 1) * blocks - 1) / units);
+}
+
+#if defined(QG_HAS_MMA_SYNC)
+// cp.async (sm_80+): 16- or 4-byte global -> shared copies that bypass registers; a false
+// `valid` copies nothing and zero-fills the destination (src-size 0).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#endif
+
+// Shared weight tile: row r, 16-byte unit j (4 words, 32 k) lives at unit r*8 + (j ^ 4*(r&1)):
+// a thread (g, t) reads unit 4c + t of rows g and g+8, so without the swizzle lanes of rows
+// g and g+1 in one 8-lane phase would hit the same 16 banks.
+__device__ __forceinline__ int w_unit(int r, int j) { return r * (SC_K / 32) + (j ^ ((r & 1) << 2)); }
+
 // XT: activation type (ELEM_F16 / ELEM_BF16). MT: 8-row tiles of x (1: M <= 8, 2: M <= 16).
 // TRANS: quad transpose of the weight words (needed when G < 128, see the table above).
 template <int XT, int MT, bool TRANS>
 __global__ void __launch_bounds__(MMA_THREADS)
 decode_mma(const Params p) {
 #if defined(QG_HAS_MMA_SYNC)
-    __shared__ __align__(16) uint16_t xs[MT * 8][XS_STRIDE];       // staged activations
-    __shared__ float ss[ROWS_PER_BLOCK][SC_MAX_GROUPS];             // scales as float
-    __shared__ uint32_t zs[ROWS_PER_BLOCK][SC_MAX_GROUPS];          // -(bias + z), x2 packed
+    extern __shared__ __align__(16) unsigned char smem[];   // STAGES x stage_bytes(MT)
     __shared__ unsigned last_block;
 
     const int tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int n_block = blockIdx.x * ROWS_PER_BLOCK;
-    const int n_warp = n_block + warp * 16;
     const int words_per_row = p.k >> 3;
     const int groups = p.k / p.group_size;
-    const int sc_groups = SC_K / p.group_size;          // groups per superchunk: 16, 8, 4
-    const int total_sc = (p.k + SC_K - 1) / SC_K;
-    const int sc_begin = blockIdx.y * p.sc_per_split;
-    const int sc_end = min(total_sc, sc_begin + p.sc_per_split);
+    const int sc_groups = SC_K / p.group_size;          // groups per unit: 8, 4, 2
+    const int S = (p.k + SC_K - 1) / SC_K;              // units per row block
+    const int64_t U = static_cast<int64_t>(p.row_blocks) * S;
+    const int64_t P = gridDim.x;
     const uint32_t neg_bias = XT == ELEM_BF16 ? 0xc300u : 0xe400u;  // -(128) bf16, -(1024) fp16
+    const int r_g = warp * 16 + g, r_h = r_g + 8;                    // rows inside the block
+    const bool scale_pairs = (groups & 1) == 0;  // 4-byte scale copies stay aligned
 
-    const bool row_g_ok = n_warp + g < p.n;
-    const bool row_h_ok = n_warp + g + 8 < p.n;
-    const int32_t* wrow_g = p.qweight + static_cast<int64_t>(n_warp + g) * words_per_row;
-    const int32_t* wrow_h = wrow_g + 8 * static_cast<int64_t>(words_per_row);
+    const int64_t u_begin = (static_cast<int64_t>(blockIdx.x) * U) / P;
+    const int64_t u_end = ((static_cast<int64_t>(blockIdx.x) + 1) * U) / P;
+
+    // Fill ring slot `slot` with unit u: weights, x (zero past M and K), scales, zero words.
+    auto load_unit = [&](int64_t u, int slot) {
+        unsigned char* base = smem + slot * stage_bytes(MT);
+        unsigned char* ws = base;
+        uint16_t* xs = reinterpret_cast<uint16_t*>(base + W_STAGE_BYTES);
+        uint16_t* ss = reinterpret_cast<uint16_t*>(base + W_STAGE_BYTES + MT * 8 * XS_STRIDE * 2);
+        uint32_t* zs = reinterpret_cast<uint32_t*>(base + W_STAGE_BYTES + MT * 8 * XS_STRIDE * 2 + S_STAGE_BYTES);
+        const int rb = static_cast<int>(u / S), sc = static_cast<int>(u % S);
+        const int n0 = rb * ROWS_PER_BLOCK;
+#pragma unroll
+        for (int j = 0; j < ROWS_PER_BLOCK * (SC_K / 32) / MMA_THREADS; ++j) {
+            const int i = tid + j * MMA_THREADS;
+            const int r = i / (SC_K / 32), unit = i % (SC_K / 32);
+            const int word = sc * (SC_K / 8) + unit * 4;
+            const bool ok = n0 + r < p.n && word < words_per_row;
+            const int32_t* src = ok ? p.qweight + static_cast<int64_t>(n0 + r) * words_per_row + word : p.qweight;
+            cp_async16(ws + w_unit(r, unit) * 16, src, ok);
+        }
+#pragma unroll
+        for (int j = 0; j < MT * 8 * (SC_K / 8) / MMA_THREADS; ++j) {
+            const int i = tid + j * MMA_THREADS;
+            const int row = i / (SC_K / 8), unit = i % (SC_K / 8);
+            const int k0 = sc * SC_K + unit * 8;
+            const bool ok = row < p.m && k0 < p.k;
+            int dst = unit;  // 16-byte unit inside the stage
+            if (!TRANS) {    // chunk unit 4a + b -> 4b + a (see the table above)
+                const int cu = unit & 15;
+                dst = (unit & ~15) | ((cu & 3) << 2) | (cu >> 2);
+            }
+            cp_async16(xs + row * XS_STRIDE + dst * 8, ok ? p.x + row * p.ldx + k0 : p.x, ok);
+        }
+        if (scale_pairs) {
+            for (int i = tid; i < ROWS_PER_BLOCK * sc_groups / 2; i += MMA_THREADS) {
+                const int r = i / (sc_groups / 2), gi = 2 * (i % (sc_groups / 2));
+                const int grp = sc * sc_groups + gi;
+                const bool ok = n0 + r < p.n && grp < groups;
+                cp_async4(ss + r * SC_MAX_GROUPS + gi,
+                          ok ? p.scales + static_cast<int64_t>(n0 + r) * groups + grp : p.scales, ok);
+            }
+        } else {  // odd groups per row: 2-byte scales, plain loads (visible after the barrier)
+            for (int i = tid; i < ROWS_PER_BLOCK * sc_groups; i += MMA_THREADS) {
+                const int r = i / sc_groups, gi = i % sc_groups, grp = sc * sc_groups + gi;
+                ss[r * SC_MAX_GROUPS + gi] = (n0 + r < p.n && grp < groups)
+                                                 ? p.scales[static_cast<int64_t>(n0 + r) * groups + grp]
+                                                 : uint16_t(0);
+            }
+        }
+        if (tid < (ROWS_PER_BLOCK / 8) * sc_groups) {
+            const int oct = tid / sc_groups, gi = tid % sc_groups, grp = sc * sc_groups + gi;
+            if (p.qzeros) {
+                const bool ok = n0 + 8 * oct < p.n && grp < groups;
+                cp_async4(zs + oct * SC_MAX_GROUPS + gi,
+                          ok ? p.qzeros + static_cast<int64_t>((n0 >> 3) + oct) * groups + grp : p.qzeros, ok);
+            } else {
+                zs[oct * SC_MAX_GROUPS + gi] = 0x88888888u;  // symmetric: z = 8 in every nibble
+            }
+        }
+    };
 
     float acc[MT][4];
     float accg[MT][4];
@@ -196,68 +293,44 @@ decode_mma(const Params p) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[mt][i] = accg[mt][i] = 0.f;
 
-    for (int sc = sc_begin; sc < sc_end; ++sc) {
-        const int k_sc = sc * SC_K;
-        // 1. Weights of the whole superchunk first: 8 x 16-byte loads per thread in flight.
-        uint4 wg[SC_CHUNKS], wh[SC_CHUNKS];
+    // prologue: STAGES - 1 units in flight (empty groups keep the wait count uniform)
 #pragma unroll
-        for (int c = 0; c < SC_CHUNKS; ++c) {
-            const int word = (k_sc + c * CHUNK_K) / 8 + 4 * t;   // first of the 4 words
-            const bool in_k = word < words_per_row;
-            wg[c] = (row_g_ok && in_k) ? __ldg(reinterpret_cast<const uint4*>(wrow_g + word))
-                                       : make_uint4(0, 0, 0, 0);
-            wh[c] = (row_h_ok && in_k) ? __ldg(reinterpret_cast<const uint4*>(wrow_h + word))
-                                       : make_uint4(0, 0, 0, 0);
-        }
-        __syncthreads();  // the previous superchunk's readers of xs/ss/zs are done
-        // 2. Stage x[0:M, k_sc : k_sc + 512] (zero past M and K), 16 bytes per step.
-        for (int i = tid; i < MT * 8 * (SC_K / 8); i += MMA_THREADS) {
-            const int row = i / (SC_K / 8), unit = i % (SC_K / 8);
-            const int k0 = k_sc + unit * 8;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (row < p.m && k0 < p.k)
-                v = *reinterpret_cast<const uint4*>(p.x + row * p.ldx + k0);
-            int dst = unit;  // 16-byte unit inside the superchunk
-            if (!TRANS) {    // chunk unit 4a + b -> 4b + a (see the table above)
-                const int cu = unit & 15;
-                dst = (unit & ~15) | ((cu & 3) << 2) | (cu >> 2);
-            }
-            *reinterpret_cast<uint4*>(&xs[row][dst * 8]) = v;
-        }
-        // 3. Stage scales (as float) and zero offsets for 64 rows x sc_groups groups.
-        for (int i = tid; i < ROWS_PER_BLOCK * sc_groups; i += MMA_THREADS) {
-            const int r = i / sc_groups, gi = i % sc_groups;
-            const int n = n_block + r, grp = k_sc / p.group_size + gi;
-            float s = 0.f;
-            uint32_t z = 8;
-            if (n < p.n && grp < groups) {
-                s = bits_to_float(p.scales[static_cast<int64_t>(n) * groups + grp], p.scale_type);
-                if (p.qzeros)
-                    z = (static_cast<uint32_t>(p.qzeros[static_cast<int64_t>(n >> 3) * groups + grp])
-                         >> (4 * (n & 7))) & 15u;
-            }
-            ss[r][gi] = s;
-            const uint32_t nz = neg_bias + z;  // bits of -(bias + z): z adds 1 ulp per step
-            zs[r][gi] = nz | (nz << 16);
-        }
-        __syncthreads();
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (u_begin + s < u_end) load_unit(u_begin + s, s);
+        cp_async_commit();
+    }
 
-        // 4. Consume the 4 chunks.
-        const int r_g = warp * 16 + g, r_h = r_g + 8;
+    for (int64_t u = u_begin; u < u_end; ++u) {
+        const int slot = static_cast<int>((u - u_begin) % STAGES);
+        cp_async_wait<STAGES - 2>();   // unit u has landed (this thread's copies)
+        __syncthreads();               // ... everyone's; and slot (u-1) % STAGES is free
+        if (u + STAGES - 1 < u_end) load_unit(u + STAGES - 1, static_cast<int>((u + STAGES - 1 - u_begin) % STAGES));
+        cp_async_commit();
+
+        const unsigned char* base = smem + slot * stage_bytes(MT);
+        const uint4* ws = reinterpret_cast<const uint4*>(base);
+        const uint16_t* xs = reinterpret_cast<const uint16_t*>(base + W_STAGE_BYTES);
+        const uint16_t* ss = reinterpret_cast<const uint16_t*>(base + W_STAGE_BYTES + MT * 8 * XS_STRIDE * 2);
+        const uint32_t* zs =
+            reinterpret_cast<const uint32_t*>(base + W_STAGE_BYTES + MT * 8 * XS_STRIDE * 2 + S_STAGE_BYTES);
 #pragma unroll
         for (int c = 0; c < SC_CHUNKS; ++c) {
-            uint32_t wgw[4] = {wg[c].x, wg[c].y, wg[c].z, wg[c].w};
-            uint32_t whw[4] = {wh[c].x, wh[c].y, wh[c].z, wh[c].w};
+            const uint4 vg = ws[w_unit(r_g, 4 * c + t)];
+            const uint4 vh = ws[w_unit(r_h, 4 * c + t)];
+            uint32_t wgw[4] = {vg.x, vg.y, vg.z, vg.w};
+            uint32_t whw[4] = {vh.x, vh.y, vh.z, vh.w};
             if (TRANS) {
                 quad_transpose(wgw, t);
                 quad_transpose(whw, t);
             }
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                // group of this word's k range, relative to the superchunk
-                const int gi = TRANS ? (c * CHUNK_K + 32 * q) / p.group_size
-                                     : (c * CHUNK_K) / p.group_size;
-                const uint32_t zg = zs[r_g][gi], zh = zs[r_h][gi];
+                // group of this word's k range, relative to the unit
+                const int gi = TRANS ? (c * CHUNK_K + 32 * q) / p.group_size : (c * CHUNK_K) / p.group_size;
+                // -(bias + z) as a packed pair: z adds one ulp per step at this exponent
+                const uint32_t ng = neg_bias + ((zs[(r_g >> 3) * SC_MAX_GROUPS + gi] >> (4 * (r_g & 7))) & 15u);
+                const uint32_t nh = neg_bias + ((zs[(r_h >> 3) * SC_MAX_GROUPS + gi] >> (4 * (r_h & 7))) & 15u);
+                const uint32_t zg = ng | (ng << 16), zh = nh | (nh << 16);
                 const uint32_t a00 = dequant_pair<XT>(wgw[q], zg);
                 const uint32_t a01 = dequant_pair<XT>(whw[q], zh);
                 const uint32_t a02 = dequant_pair<XT>(wgw[q] >> 4, zg);
@@ -268,20 +341,22 @@ decode_mma(const Params p) {
                 const uint32_t a13 = dequant_pair<XT>(whw[q] >> 12, zh);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    const uint4 xv = *reinterpret_cast<const uint4*>(
-                        &xs[mt * 8 + g][(c * 16 + 4 * q + t) * 8]);
+                    if (mt * 8 >= p.m) break;  // an all-padding x tile adds nothing
+                    const uint4 xq = *reinterpret_cast<const uint4*>(
+                        xs + (mt * 8 + g) * XS_STRIDE + (c * 16 + 4 * q + t) * 8);
                     // x elements v0..v7 of this word; pairs (v0,v4) (v1,v5) (v2,v6) (v3,v7)
-                    const uint32_t b00 = __byte_perm(xv.x, xv.z, 0x5410);
-                    const uint32_t b01 = __byte_perm(xv.x, xv.z, 0x7632);
-                    const uint32_t b10 = __byte_perm(xv.y, xv.w, 0x5410);
-                    const uint32_t b11 = __byte_perm(xv.y, xv.w, 0x7632);
+                    const uint32_t b00 = __byte_perm(xq.x, xq.z, 0x5410);
+                    const uint32_t b01 = __byte_perm(xq.x, xq.z, 0x7632);
+                    const uint32_t b10 = __byte_perm(xq.y, xq.w, 0x5410);
+                    const uint32_t b11 = __byte_perm(xq.y, xq.w, 0x7632);
                     mma16816<XT>(accg[mt], a00, a01, a02, a03, b00, b01);
                     mma16816<XT>(accg[mt], a10, a11, a12, a13, b10, b11);
                 }
                 // close the group after its last word: acc += s * (sum of (q - z) * x)
                 const bool group_ends = TRANS ? ((32 * (q + 1)) % p.group_size == 0) : (q == 3);
                 if (group_ends) {
-                    const float sg = ss[r_g][gi], sh = ss[r_h][gi];
+                    const float sg = bits_to_float(ss[r_g * SC_MAX_GROUPS + gi], p.scale_type);
+                    const float sh = bits_to_float(ss[r_h * SC_MAX_GROUPS + gi], p.scale_type);
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         acc[mt][0] = fmaf(sg, accg[mt][0], acc[mt][0]);
@@ -293,47 +368,67 @@ decode_mma(const Params p) {
                 }
             }
         }
-    }
 
-    // 5. Output. c0,c1: row n_warp+g, x rows 2t, 2t+1 (+8 mt); c2,c3: row n_warp+g+8.
-    const int split_k = gridDim.y;
-    if (split_k == 1) {
+        const int rb = static_cast<int>(u / S);
+        if (u % S != S - 1 && u + 1 != u_end) continue;  // row block continues in this block
+
+        // Output of row block rb. c0,c1: row n_warp+g, x rows 2t, 2t+1 (+8 mt); c2,c3: +8.
+        const int n_block = rb * ROWS_PER_BLOCK;
+        const int n_warp = n_block + warp * 16;
+        const int first = owner_of(static_cast<int64_t>(rb) * S, U, P);
+        const int contributors = owner_of(static_cast<int64_t>(rb) * S + S - 1, U, P) - first + 1;
+        if (contributors == 1) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int m = mt * 8 + 2 * t + (i & 1);
+                    const int n = n_warp + g + ((i & 2) ? 8 : 0);
+                    if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, acc[mt][i], p.y_type);
+                    acc[mt][i] = 0.f;
+                }
+            continue;
+        }
+        // Shared row block: publish the partial sums in slot (this block - first), the last
+        // contributor to arrive adds the slots in order and re-arms the counter.
+        // partial layout: [row_blocks][max_contributors][16 x rows][64 weight rows]
+        float* part = p.partial + (static_cast<int64_t>(rb) * p.max_contributors + (blockIdx.x - first)) *
+                                      (16 * ROWS_PER_BLOCK);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int m = mt * 8 + 2 * t + (i & 1);
-                const int n = n_warp + g + ((i & 2) ? 8 : 0);
-                if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, acc[mt][i], p.y_type);
+                const int r = warp * 16 + g + ((i & 2) ? 8 : 0);
+                if (m < p.m) part[m * ROWS_PER_BLOCK + r] = acc[mt][i];
+                acc[mt][i] = 0.f;
             }
-        return;
-    }
-    // Split-K: publish partial sums, the last block of this row range adds them up in a
-    // fixed order (deterministic) and re-arms the counter for the next launch.
-    float* part = p.partial + static_cast<int64_t>(blockIdx.y) * p.m * p.n;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int m = mt * 8 + 2 * t + (i & 1);
-            const int n = n_warp + g + ((i & 2) ? 8 : 0);
-            if (m < p.m && n < p.n) part[m * p.n + n] = acc[mt][i];
+        __threadfence();
+        __syncthreads();
+        if (tid == 0)
+            last_block = atomicAdd(&p.counters[rb], 1u) == static_cast<unsigned>(contributors - 1);
+        __syncthreads();
+        if (last_block) {
+            __threadfence();
+            // Each slot is cleared once read: the call leaves its whole workspace zeroed, so
+            // a later call with another shape (whose counters may lie where these partial
+            // sums were) finds zeros.
+            volatile float* vpart =
+                p.partial + static_cast<int64_t>(rb) * p.max_contributors * (16 * ROWS_PER_BLOCK);
+            for (int i = tid; i < p.m * ROWS_PER_BLOCK; i += MMA_THREADS) {
+                float v = 0.f;
+                for (int c = 0; c < contributors; ++c) {
+                    v += vpart[c * (16 * ROWS_PER_BLOCK) + i];
+                    vpart[c * (16 * ROWS_PER_BLOCK) + i] = 0.f;
+                }
+                const int n = n_block + i % ROWS_PER_BLOCK;
+                if (n < p.n) store_out(p.y, (i / ROWS_PER_BLOCK) * p.ldy + n, v, p.y_type);
+            }
+            if (tid == 0) p.counters[rb] = 0;
         }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last_block = atomicAdd(&p.counters[blockIdx.x], 1u) == static_cast<unsigned>(split_k - 1);
-    __syncthreads();
-    if (!last_block) return;
-    __threadfence();
-    const volatile float* vpart = p.partial;
-    for (int i = tid; i < p.m * ROWS_PER_BLOCK; i += MMA_THREADS) {
-        const int m = i / ROWS_PER_BLOCK, n = n_block + i % ROWS_PER_BLOCK;
-        if (n >= p.n) continue;
-        float s = 0.f;
-        for (int sk = 0; sk < split_k; ++sk) s += vpart[(static_cast<int64_t>(sk) * p.m + m) * p.n + n];
-        store_out(p.y, m * p.ldy + n, s, p.y_type);
+        __syncthreads();  // last_block is rewritten by the next row block's arrival
     }
-    if (tid == 0) p.counters[blockIdx.x] = 0;
+    cp_async_wait<0>();  // no copy may outlive the block
 #else
     // Built for an architecture without mma.sync: the host gate never picks this tier there.
     qg_device_trap();

@@ -15,9 +15,9 @@
  *   - enums only grow, numbers are never reused;
  *   - workspace, where a call needs one, is caller memory of at least the size that the
  *     matching *_workspace_size query returns for the same context and arguments; it must be
- *     zero-filled before its first use; after that it needs no clearing (split-K arrival
- *     counters re-arm themselves), so one zeroed buffer serves any number of calls on one
- *     stream; calls running concurrently on different streams need one each;
+ *     zero-filled before its first use, and every call leaves it zero-filled again (split-K
+ *     counters re-arm, partial sums are cleared once read), so one zeroed buffer serves any
+ *     number of calls of any shape on one stream; concurrent streams need one each;
  *   - a context fixes where pointers live (host memory for QG_BACKEND_CPU, device memory
  *     of one device for QG_BACKEND_CUDA / QG_BACKEND_HIP); every launch takes a stream,
  *     NULL = the default stream (ignored by the CPU backend, which runs synchronously);

@@ -23,9 +23,11 @@ enum Tier { TIER_SIMT = 1, TIER_MMA = 2 };
 
 struct Plan {
     int tier = TIER_SIMT;
-    int row_blocks = 0;    // blockIdx.x extent of the mma tier
-    int split_k = 1;       // blockIdx.y extent
-    int sc_per_split = 0;  // superchunks of 512 k per split
+    int mt = 1;              // 8-row x tiles per launch (decode_mma)
+    bool trans = false;      // quad transpose, G < 128 (decode_mma)
+    int row_blocks = 0;      // ceil(N / 64)
+    int blocks = 0;          // persistent blocks P (decode_mma, stream-K)
+    int max_contributors = 1;
 };
 
 bool mma_available(const qg_context* ctx) {
@@ -44,6 +46,59 @@ bool mma_layout_ok(const qg_w4a16_gemm_args* a) {
     return aligned16(a->x) && a->ldx % 8 == 0 && aligned16(a->qweight);
 }
 
+typedef void (*MmaKernel)(const Params);
+
+MmaKernel mma_kernel(int x_type, int mt, bool trans) {
+#define QG_W4A16_CASE(XT, MT, TR) \
+    if (x_type == XT && mt == MT && trans == TR) return w4a16::decode_mma<XT, MT, TR>;
+    QG_W4A16_CASE(w4a16::ELEM_F16, 1, false)
+    QG_W4A16_CASE(w4a16::ELEM_F16, 1, true)
+    QG_W4A16_CASE(w4a16::ELEM_F16, 2, false)
+    QG_W4A16_CASE(w4a16::ELEM_F16, 2, true)
+    QG_W4A16_CASE(w4a16::ELEM_BF16, 1, false)
+    QG_W4A16_CASE(w4a16::ELEM_BF16, 1, true)
+    QG_W4A16_CASE(w4a16::ELEM_BF16, 2, false)
+    QG_W4A16_CASE(w4a16::ELEM_BF16, 2, true)
+#undef QG_W4A16_CASE
+    return nullptr;
+}
+
+int mt_of(MmaKernel kernel) {
+    for (int xt = 0; xt < 2; ++xt)
+        for (int tr = 0; tr < 2; ++tr)
+            if (kernel == mma_kernel(xt, 2, tr != 0)) return 2;
+    return 1;
+}
+
+// Resident blocks per SM of a kernel, asked once per kernel (the answer never changes);
+// also lifts the kernel's dynamic shared-memory limit to its ring size (> 48 KB).
+int resident_blocks(MmaKernel kernel) {
+    static int cache[8] = {0};
+    static MmaKernel keys[8] = {nullptr};
+    for (int i = 0; i < 8; ++i) {
+        if (keys[i] == kernel) return cache[i];
+        if (keys[i] == nullptr) {
+            const int smem = w4a16::mma_smem_bytes(mt_of(kernel));
+            int blocks = 0;
+            if (hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                    hipFuncAttributeMaxDynamicSharedMemorySize, smem) != hipSuccess ||
+                hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, w4a16::MMA_THREADS, smem) !=
+                    hipSuccess) {
+                (void)hipGetLastError();
+                blocks = 0;
+            }
+            cache[i] = blocks;
+            keys[i] = kernel;
+            return blocks;
+        }
+    }
+    return 0;
+}
+
+int owner_of(int64_t u, int64_t units, int64_t blocks) {
+    return static_cast<int>(((u + 1) * blocks - 1) / units);
+}
+
 qg_status make_plan(const qg_context* ctx, const qg_w4a16_gemm_args* a, Plan* plan) {
     const int64_t forced = ctx->w4a16_tier;
     if (forced == 3)
@@ -60,46 +115,41 @@ qg_status make_plan(const qg_context* ctx, const qg_w4a16_gemm_args* a, Plan* pl
     plan->tier = use_mma ? TIER_MMA : TIER_SIMT;
     if (!use_mma) return QG_OK;
 
+    plan->mt = std::min<int64_t>(a->m, kMaxDecodeM) > 8 ? 2 : 1;
+    plan->trans = a->group_size < 128;  // one mma must not mix groups (see w4a16.hip)
     plan->row_blocks = static_cast<int>((a->n + w4a16::ROWS_PER_BLOCK - 1) / w4a16::ROWS_PER_BLOCK);
-    const int total_sc = static_cast<int>((a->k + w4a16::SC_K - 1) / w4a16::SC_K);
-    // 4 resident blocks of 4 warps per SM keep enough 16-byte loads in flight to cover
-    // HBM latency; split K only when the row blocks alone cannot fill the machine.
-    const int blocks_to_fill = 4 * std::max(ctx->sm_count, 1);
-    int split = static_cast<int>((blocks_to_fill + plan->row_blocks - 1) / plan->row_blocks);
-    if (ctx->split_k > 0) split = static_cast<int>(ctx->split_k);
-    split = std::max(1, std::min(split, total_sc));
-    plan->sc_per_split = (total_sc + split - 1) / split;
-    plan->split_k = (total_sc + plan->sc_per_split - 1) / plan->sc_per_split;
+    const int64_t S = (a->k + w4a16::SC_K - 1) / w4a16::SC_K;
+    const int64_t units = plan->row_blocks * S;
+    // Stream-K: exactly as many blocks as can be resident, each with the same number of
+    // (64 rows x 512 k) units, so no wave is left half empty; "split_k" forces about that
+    // many blocks per row block instead (tests use it to reach every reduction path).
+    const int x_type = a->x_dtype == QG_DTYPE_BF16 ? w4a16::ELEM_BF16 : w4a16::ELEM_F16;
+    // both tile widths may run (the last 16-row chunk of a large M can be narrower)
+    const int resident = std::min(resident_blocks(mma_kernel(x_type, plan->mt, plan->trans)),
+                                  resident_blocks(mma_kernel(x_type, 1, plan->trans)));
+    if (resident == 0)
+        return set_error(QG_ERR_DEVICE, "decode_mma cannot be made resident (%d bytes of shared memory)",
+                         w4a16::mma_smem_bytes(plan->mt));
+    int64_t blocks = static_cast<int64_t>(std::max(ctx->sm_count, 1)) * resident;
+    if (ctx->split_k > 0) blocks = plan->row_blocks * ctx->split_k;
+    blocks = std::max<int64_t>(1, std::min(blocks, units));
+    plan->blocks = static_cast<int>(blocks);
+    int most = 1;
+    for (int64_t r = 0; r < plan->row_blocks; ++r)
+        most = std::max(most, owner_of(r * S + S - 1, units, blocks) - owner_of(r * S, units, blocks) + 1);
+    plan->max_contributors = most;
     return QG_OK;
 }
 
-size_t workspace_for(const Plan& plan, int64_t n) {
-    if (plan.tier != TIER_MMA || plan.split_k == 1) return 0;
-    const size_t counters = (static_cast<size_t>(plan.row_blocks) * sizeof(unsigned) + kCounterBytes - 1) /
-                            kCounterBytes * kCounterBytes;
-    return counters + static_cast<size_t>(plan.split_k) * kMaxDecodeM * static_cast<size_t>(n) * sizeof(float);
+size_t counter_bytes(const Plan& plan) {
+    return (static_cast<size_t>(plan.row_blocks) * sizeof(unsigned) + kCounterBytes - 1) / kCounterBytes *
+           kCounterBytes;
 }
 
-template <int XT, int MT, bool TRANS>
-void launch_mma(const Plan& plan, const Params& p, hipStream_t stream) {
-    dim3 grid(plan.row_blocks, plan.split_k);
-    w4a16::decode_mma<XT, MT, TRANS><<<grid, w4a16::MMA_THREADS, 0, stream>>>(p);
-}
-
-void dispatch_mma(const Plan& plan, const Params& p, int x_type, hipStream_t stream) {
-    const bool trans = p.group_size < 128;  // one mma must not mix groups (see w4a16.hip)
-    const int mt = p.m > 8 ? 2 : 1;
-#define QG_W4A16_CASE(XT, MT, TR) \
-    if (x_type == XT && mt == MT && trans == TR) return launch_mma<XT, MT, TR>(plan, p, stream);
-    QG_W4A16_CASE(w4a16::ELEM_F16, 1, false)
-    QG_W4A16_CASE(w4a16::ELEM_F16, 1, true)
-    QG_W4A16_CASE(w4a16::ELEM_F16, 2, false)
-    QG_W4A16_CASE(w4a16::ELEM_F16, 2, true)
-    QG_W4A16_CASE(w4a16::ELEM_BF16, 1, false)
-    QG_W4A16_CASE(w4a16::ELEM_BF16, 1, true)
-    QG_W4A16_CASE(w4a16::ELEM_BF16, 2, false)
-    QG_W4A16_CASE(w4a16::ELEM_BF16, 2, true)
-#undef QG_W4A16_CASE
+size_t workspace_for(const Plan& plan) {
+    if (plan.tier != TIER_MMA || plan.max_contributors == 1) return 0;
+    return counter_bytes(plan) + static_cast<size_t>(plan.row_blocks) * plan.max_contributors * kMaxDecodeM *
+                                     w4a16::ROWS_PER_BLOCK * sizeof(float);
 }
 
 }  // namespace
@@ -107,23 +157,28 @@ void dispatch_mma(const Plan& plan, const Params& p, int x_type, hipStream_t str
 size_t gpu_w4a16_gemm_workspace(const qg_context* ctx, const qg_w4a16_gemm_args* a) {
     Plan plan;
     if (make_plan(ctx, a, &plan) != QG_OK) return 0;
-    return workspace_for(plan, a->n);
+    return workspace_for(plan);
 }
 
 qg_status gpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a, qg_stream stream) {
+    // kernels index rows and k with 32-bit ints (row offsets in 64 bits)
+    if (a->n >= (int64_t(1) << 31) || a->k >= (int64_t(1) << 31))
+        return set_error(QG_ERR_UNSUPPORTED, "n=%lld, k=%lld: the GPU W4A16 tiers need n and k below 2^31",
+                         static_cast<long long>(a->n), static_cast<long long>(a->k));
     Plan plan;
     qg_status st = make_plan(ctx, a, &plan);
     if (st != QG_OK) return st;
-    const size_t need = workspace_for(plan, a->n);
+    const size_t need = workspace_for(plan);
     if (need > 0 && (a->workspace == nullptr || a->workspace_bytes < need))
         return set_error(QG_ERR_INVALID_ARGUMENT,
-                         "workspace_bytes=%zu < %zu needed (qg_w4a16_gemm_workspace_size) for split_k=%d",
-                         a->workspace == nullptr ? size_t(0) : a->workspace_bytes, need, plan.split_k);
+                         "workspace_bytes=%zu < %zu needed (qg_w4a16_gemm_workspace_size)",
+                         a->workspace == nullptr ? size_t(0) : a->workspace_bytes, need);
     if (log_enabled())
-        log_once("w4a16 m=%lld n=%lld k=%lld g=%d %s: %s split_k=%d", static_cast<long long>(a->m),
-                 static_cast<long long>(a->n), static_cast<long long>(a->k), a->group_size,
-                 a->qzeros ? "asym" : "sym", plan.tier == TIER_MMA ? "decode_mma" : "decode_simt",
-                 plan.split_k);
+        log_once("w4a16 m=%lld n=%lld k=%lld g=%d %s: %s mt=%d trans=%d blocks=%d max_contributors=%d",
+                 static_cast<long long>(a->m), static_cast<long long>(a->n), static_cast<long long>(a->k),
+                 a->group_size, a->qzeros ? "asym" : "sym",
+                 plan.tier == TIER_MMA ? "decode_mma" : "decode_simt", plan.mt, plan.trans ? 1 : 0,
+                 plan.blocks, plan.max_contributors);
 
     Params p{};
     p.qweight = a->qweight;
@@ -136,11 +191,11 @@ qg_status gpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a, qg_
     p.group_size = a->group_size;
     p.scale_type = elem_type(a->scale_dtype);
     p.y_type = elem_type(a->y_dtype);
-    p.sc_per_split = plan.sc_per_split;
+    p.row_blocks = plan.row_blocks;
+    p.max_contributors = plan.max_contributors;
     if (need > 0) {
-        const size_t counters = need - static_cast<size_t>(plan.split_k) * kMaxDecodeM * a->n * sizeof(float);
         p.counters = static_cast<unsigned*>(a->workspace);
-        p.partial = reinterpret_cast<float*>(static_cast<char*>(a->workspace) + counters);
+        p.partial = reinterpret_cast<float*>(static_cast<char*>(a->workspace) + counter_bytes(plan));
     }
     const int x_type = elem_type(a->x_dtype);
     hipStream_t s = static_cast<hipStream_t>(stream);
@@ -151,7 +206,11 @@ qg_status gpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a, qg_
         p.x = static_cast<const uint16_t*>(a->x) + m0 * a->ldx;
         p.y = static_cast<char*>(a->y) + m0 * a->ldy * elem_bytes(a->y_dtype);
         if (plan.tier == TIER_MMA) {
-            dispatch_mma(plan, p, x_type, s);
+            // the last chunk of a large M may need only one x tile
+            const int mt = p.m > 8 ? 2 : 1;
+            const int use_mt = std::min(mt, plan.mt);
+            mma_kernel(x_type, use_mt, plan.trans)<<<plan.blocks, w4a16::MMA_THREADS,
+                                                     w4a16::mma_smem_bytes(use_mt), s>>>(p);
         } else {
             const int warps = w4a16::SIMT_THREADS / QG_WARP_SIZE;
             const int blocks = static_cast<int>((a->n + warps - 1) / warps);
