@@ -116,9 +116,14 @@ def _fuzz_summary(request):
 
 # ---------------------------------------------------------------- isolation
 
+CHILD_LOG: list = []   # (entry point, outcome) of every call a case made, in the child
+
+
 def _child_result(fn):
+    CHILD_LOG.clear()
     try:
-        return ("ok", fn())
+        value = fn()
+        return ("ok", (value, list(CHILD_LOG)))
     except AssertionError as e:
         return ("fail", f"{e}\n{traceback.format_exc(limit=4)}")
     except BaseException as e:  # noqa: BLE001 - everything is reported
@@ -190,7 +195,7 @@ def run_isolated(fn, timeout: float = 120.0):
     kind, value = msg
     if kind == "fail":
         raise AssertionError(value)
-    return value
+    return value[0]
 
 
 class Worker:
@@ -243,7 +248,7 @@ class Worker:
         kind, value = msg
         if kind == "fail":
             raise AssertionError(value)
-        return value
+        return value  # (the case's return value, [(entry point, outcome), ...])
 
 
 WORKER = Worker()
@@ -431,6 +436,7 @@ def drive(fn_name, invoke, exp: Expect, mem: Mem, verify):
         assert kind != "invalid", (
             f"{fn_name} accepted a call that violates {exp.hard} (must be QG_ERR_INVALID_ARGUMENT)")
         verify()
+        CHILD_LOG.append((fn_name, f"{kind}-accepted"))
         return f"{kind}-accepted"
     name = L.Status(status).name if status in L._STATUS_VALUES else str(status)
     assert kind != "valid", f"{fn_name} refused a valid call with {name}: {msg!r}"
@@ -441,6 +447,7 @@ def drive(fn_name, invoke, exp: Expect, mem: Mem, verify):
     assert names_field(msg, fields), (
         f"{fn_name}: the error {msg!r} names none of the violated fields {fields}")
     mem.check_untouched()
+    CHILD_LOG.append((fn_name, f"{kind}-refused"))
     return f"{kind}-refused"
 
 
@@ -452,9 +459,12 @@ def make_ctx(threads):
 
 
 def run_case(fn_name, builder, spec):
-    """Runs one case in the worker child; counts its outcome here."""
-    outcome = WORKER.run(builder.__name__, spec)
-    COUNTS[fn_name][outcome] += 1
+    """Runs one case in the worker child; counts every call it made here."""
+    outcome, calls = WORKER.run(builder.__name__, spec)
+    for name, label in calls:
+        COUNTS[name][label] += 1
+    if not calls:  # a case checked without drive()
+        COUNTS[fn_name][outcome] += 1
 
 
 def rng_of(spec):
@@ -1429,7 +1439,8 @@ def test_fuzz_moe_stage2(spec):
 # ================================================================ the small entry points
 
 MISC = ["status_string", "format_block", "device_count", "context_create", "device_name",
-        "set_option", "malloc", "memcpy", "memset", "stream", "event"]
+        "set_option", "malloc", "memcpy", "memset", "stream", "event", "context_backend",
+        "context_destroy", "free", "stream_ops", "event_ops", "build"]
 
 
 @st.composite
@@ -1459,6 +1470,67 @@ def misc_case(s):
     ctx = None if s["ctx_null"] else make_ctx(0)
     i32p, i64p = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64)
     v = s["int_value"]
+
+    if w == "build":
+        v_ = L.qg_version()
+        assert v_ == L.QG_VERSION_MAJOR * 10000 + L.QG_VERSION_MINOR * 100 + L.QG_VERSION_PATCH, v_
+        assert L.qg_format_version() == L.QG_FORMAT_VERSION
+        info = L.qg_build_info()
+        assert info and b"cpu" in info, info
+        CHILD_LOG.extend([("qg_version", "valid-accepted"), ("qg_format_version", "valid-accepted"),
+                          ("qg_build_info", "valid-accepted")])
+        return "valid-accepted"
+
+    if w == "context_backend":
+        exp.bad(s["ctx_null"], "ctx")
+        exp.bad(s["p1"] == "null", "backend")
+        out = mem.output("backend", 4, s["p1"])
+
+        def verify():
+            mem.check_untouched({"backend": np.ones(4, bool)})
+            assert int(mem.payload("backend", np.int32)[0]) == 0
+        return drive("qg_context_backend",
+                     lambda: call(L.qg_context_backend, ctx, ctypes.cast(out, ctypes.POINTER(ctypes.c_int))),
+                     exp, mem, verify)
+
+    if w == "context_destroy":
+        # NULL is a no-op (like free(NULL)); a live context is destroyed once
+        target = None if s["ctx_null"] else make_ctx(0)
+        return drive("qg_context_destroy", lambda: call(L.qg_context_destroy, target), exp, mem,
+                     lambda: mem.check_untouched())
+
+    if w == "free":
+        exp.bad(s["ctx_null"], "ctx")
+        block = None
+        if s["p1"] == "ok":
+            p = ctypes.c_void_p()
+            L.qg_malloc(make_ctx(0), 256, ctypes.byref(p))
+            block = p.value
+        return drive("qg_free", lambda: call(L.qg_free, ctx, block), exp, mem, lambda: mem.check_untouched())
+
+    if w == "stream_ops":
+        exp.bad(s["ctx_null"], "ctx")
+        stream = None
+        if s["p1"] == "ok":
+            st_ = L.qg_stream()
+            L.qg_stream_create(make_ctx(0), ctypes.byref(st_))
+            stream = st_.value
+        fn = (L.qg_stream_synchronize, L.qg_stream_destroy)[v % 2]
+        return drive(fn.__name__, lambda: call(fn, ctx, stream), exp, mem, lambda: mem.check_untouched())
+
+    if w == "event_ops":
+        exp.bad(s["ctx_null"], "ctx")
+        exp.bad(s["p1"] == "null" and v % 3 != 2, "event")  # destroy(NULL) is a no-op
+        event = None
+        if s["p1"] == "ok":
+            e = L.qg_event_p()
+            L.qg_event_create(make_ctx(0), ctypes.byref(e))
+            event = e.value
+        fn = (L.qg_event_record, L.qg_event_synchronize, L.qg_event_destroy)[v % 3]
+        args_ = (ctx, event, None) if fn is L.qg_event_record else (ctx, event)
+        if fn is L.qg_event_destroy and s["p1"] == "null":
+            exp.hard = [f for f in exp.hard if f != "event"]
+        return drive(fn.__name__, lambda: call(fn, *args_), exp, mem, lambda: mem.check_untouched())
 
     if w == "status_string":
         text = L.qg_status_string(v)
@@ -1582,7 +1654,7 @@ def misc_case(s):
 
     if w in ("memcpy", "memset"):
         nbytes = s["size"]
-        kind = v if w == "memcpy" else 0
+        kind = (v if s["size"] % 2 else v % 4) if w == "memcpy" else 0  # mostly valid kinds
         exp.bad(s["ctx_null"], "ctx")
         if w == "memcpy":
             exp.bad(kind not in (0, 1, 2, 3), "kind")
@@ -1649,8 +1721,7 @@ def misc_case(s):
 @settings(max_examples=examples(800), **FUZZ_SETTINGS)
 @given(misc_specs())
 def test_fuzz_small_entry_points(spec):
-    outcome = WORKER.run("misc_case", spec)
-    COUNTS[f"misc:{spec['what']}"][outcome] += 1
+    run_case(f"qg_{spec['what']}", misc_case, spec)
 
 
 # ================================================================ known bugs, pinned

@@ -109,9 +109,12 @@ def classes(a):
 CLASS_NAME = {0: "NaN", 1: "+inf", 2: "-inf", 3: "finite"}
 
 
-def assert_like_reference(name, got, ref, ydt, expect_nonfinite=True):
+def assert_like_reference(name, got, ref, ydt, expect_nonfinite=True, exact_class=True):
+    """exact_class=False: only finite vs non-finite must match (see test_gpu)."""
     got = np.asarray(got).astype(np.float64)
     cg, cr = classes(got), classes(ref)
+    if not exact_class:
+        cg, cr = np.minimum(cg, 3) // 3 * 3, np.minimum(cr, 3) // 3 * 3  # 0 non-finite, 3 finite
     bad = np.argwhere(cg != cr)
     if bad.size:
         i = tuple(int(v) for v in bad[0])
@@ -448,6 +451,11 @@ def gpu_gemm_with(gpu):
 @pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("family", ["w4a16", "mxfp4"] + sorted(GGUF_D_OFFSET))
 def test_gpu(gpu, rng, where, family):
+    """Non-finite activations: the exact class, as on the CPU tier. Non-finite scales:
+    only "non-finite where the reference is non-finite, finite elsewhere": GPU kernels
+    apply a group's (block's) scale to the group's partial dot product, so an infinite
+    scale gives +-inf where the reference, which scales each weight first, has
+    (q - z) * inf = NaN for q = z (docs/guarantees.md)."""
     gemm = gpu_gemm_with(gpu)
     if family == "w4a16":
         y, ref = w4a16_run(rng, where, F16, F16, gemm)
@@ -458,4 +466,5 @@ def test_gpu(gpu, rng, where, family):
     else:
         y, ref = gguf_run(rng, where, F16, F32, gemm, family)
         ydt = F32
-    assert_like_reference(f"GPU {family} {where}", y, ref, ydt, expect_nonfinite=where != "padding-only")
+    assert_like_reference(f"GPU {family} {where}", y, ref, ydt, expect_nonfinite=where != "padding-only",
+                          exact_class=where not in ("weights", "x+weights"))

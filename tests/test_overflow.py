@@ -214,7 +214,7 @@ IMPOSSIBLE = [
     # GGUF row bytes: k / 32 * 34 > 2^63 (the check itself must not overflow)
     ("gguf-k-rowbytes", "gguf", dict(k=2 ** 63 - 32), ("k", "ldw", "x", "ldx")),
     # w: (n-1) * ldw + row bytes
-    ("gguf-n-ldw", "gguf", dict(n=2 ** 62, ldw=34), ("n", "ldw", "w")),
+    ("gguf-n-ldw", "gguf", dict(n=2 ** 61, ldw=34, x_dtype=F16, y_dtype=F16), ("n", "ldw", "w")),
     ("gguf-ldx", "gguf", dict(m=3, ldx=2 ** 62), ("ldx", "m", "x")),
     ("gguf-ldy", "gguf", dict(m=3, ldy=2 ** 62), ("ldy", "m", "y")),
     # blocks: n * k / 2 bytes
@@ -240,44 +240,9 @@ IMPOSSIBLE = [
      ("hidden", "intermediate", "w2_blocks", "act", "num_experts")),
 ]
 
-# Cases the library currently gets wrong (found by this file; owner: "host", src/api.cpp,
-# which checks each operand's ld >= its width but no product of sizes). The strict xfail
-# turns into a failure as soon as one is fixed, so the mark is removed with the fix.
-_WRAP_REASON = ("src/api.cpp checks ld >= width but no product of sizes, so {what}; must be "
-                "QG_ERR_INVALID_ARGUMENT naming the sizes")
-_SEGV = "the CPU tier follows the wrapped int64 product (UB) and crashes with SIGSEGV"
-KNOWN_BAD = {
-    "w4a16-ldx": _SEGV,
-    "w4a16-m-x": _SEGV,
-    "w4a16-ldy": "QG_OK: 1 * ldy * 4 bytes wraps to 0 and row 1 of y is written over row 0",
-    "w4a16-nk": "QG_ERR_OUT_OF_MEMORY 'out of host memory' (from bad_alloc), naming no size",
-    "w4a16-k": "QG_ERR_INTERNAL 'vector::_M_default_append' (a length_error), naming no size",
-    "gguf-k-rowbytes": "k / 32 * 34 overflows inside check_gguf, the ldw check passes and " + _SEGV,
-    "gguf-n-ldw": _SEGV,
-    "gguf-ldx": "QG_OK: row 1 of x is read at x + 2^64 = x (silently wrong y)",
-    "gguf-ldy": "QG_OK: row 1 of y is written over row 0",
-    "mxfp4-nk": _SEGV,
-    "mxfp4-ldx": "QG_OK: row 1 of x is read at a wrapped address (silently wrong y)",
-    "mxfp4-ldy": "QG_OK: row 1 of y is written over row 0",
-    "align-T-wraps-negative": "QG_OK: qg::moe_align_sizes wraps T*top_k to a negative max_sorted that "
-                              "passes the <= INT32_MAX check, and sorted_ids/num_sorted are written",
-    "align-T-wraps-zero": "QG_OK: T*top_k wraps to 0 and the routing outputs are written",
-    "stage1-T-wraps": "QG_ERR_INTERNAL 'cannot create std::vector larger than max_size()'",
-    "stage2-T-wraps": _SEGV,
-    "stage1-ldx": "QG_OK",
-    "stage1-act": "QG_OK",
-    "stage1-w13": "QG_OK",
-    "stage2-ldy": "QG_OK",
-    "stage2-w2": "QG_ERR_OUT_OF_MEMORY 'out of host memory', naming no size",
-}
-
-
 def _impossible_params():
     for case_id, fn, kw, fields in IMPOSSIBLE:
-        marks = []
-        if case_id in KNOWN_BAD:
-            marks.append(pytest.mark.xfail(strict=True, reason=_WRAP_REASON.format(what=KNOWN_BAD[case_id])))
-        yield pytest.param(fn, kw, fields, id=case_id, marks=marks)
+        yield pytest.param(fn, kw, fields, id=case_id)
 
 
 def _names(msg, fields):
@@ -307,15 +272,12 @@ def test_extent_beyond_int64_is_refused(fn, kw, fields):
 
 
 @pytest.mark.parametrize("T,top_k,E,tile_m", [
-    pytest.param(2 ** 62, 2, 8, 16, id="wraps-negative", marks=pytest.mark.xfail(
-        strict=True, reason="qg::moe_align_sizes (src/cpu/moe_sizes.h) computes num_tokens*top_k in int64 "
-        "without an overflow check: 2^62*2 wraps to a negative max_sorted, returned with QG_OK")),
-    pytest.param(2 ** 62, 4, 8, 16, id="wraps-zero", marks=pytest.mark.xfail(
-        strict=True, reason="qg::moe_align_sizes wraps 2^62*4 to 0 and returns max_sorted=128 with QG_OK")),
-    pytest.param(I64_MAX, 2 ** 31 - 1, 2 ** 31 - 1, 64, id="all-max", marks=pytest.mark.xfail(
-        strict=True, reason="qg::moe_align_sizes: signed overflow of num_tokens*top_k (UB)")),
+    pytest.param(2 ** 62, 2, 8, 16, id="wraps-negative"),   # 2^63: negative in int64
+    pytest.param(2 ** 62, 4, 8, 16, id="wraps-zero"),       # 2^64: 0 in int64
+    pytest.param(I64_MAX, 2 ** 31 - 1, 2 ** 31 - 1, 64, id="all-max"),
     pytest.param(2 ** 31, 1, 1, 16, id="past-int32"),
     pytest.param(2 ** 30, 2, 8, 64, id="pairs-past-int32"),
+    pytest.param(2 ** 20, 4, 128, 64, id="fits"),
 ])
 def test_align_sizes_never_wrap(T, top_k, E, tile_m):
     """qg_moe_align_sizes either returns sizes that equal the exact (Python integer)
@@ -646,17 +608,20 @@ def test_row_strides_past_2_to_the_31_elements_gpu(dev, rng, fn):
     assert status == 0, msg
     ref = reference.gemm(x, w)
     for i in range(m):
-        row = dev.download(Y, (n + 64,), np.float16, offset=i * ldy * 2)
+        # 64 elements past each row but the last (the buffer ends with the last row)
+        row = dev.download(Y, (n + 64 if i < m - 1 else n,), np.float16, offset=i * ldy * 2)
         err = np.linalg.norm(row[:n].astype(np.float64) - ref[i]) / np.linalg.norm(ref[i])
         assert err <= REL_BOUND[F16], f"{name}: row {i} at element {i * ldy}: normalised error {err:.3e}"
-        if i < m - 1:
-            assert not row[n:].view(np.uint16).any(), f"{name}: written past row {i}"
+        assert not row[n:].view(np.uint16).any(), f"{name}: written past row {i}"
     # a wrapped int32 offset of row 2 (2 * ldy = 2^32 + 64 -> 64) would land here
     head = dev.download(Y, (n + 128,), np.float16)
     assert not head[n:].view(np.uint16).any(), f"{name}: row 1 or 2 written near row 0 (wrapped index)"
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="src/gpu/w4a16_launch.cpp stores n and k in int (Params.n/k, "
+                   "total_sc): K = 2^31 + 512 wraps negative and the call returns QG_OK with y = 0 "
+                   "(seen on the H200); must refuse k > INT32_MAX or index in 64 bits (owner: lead)")
 def test_w4a16_k_past_2_to_the_31_gpu(dev):
     """K = 2^31 + 512: x is 4 GiB, qweight 8 GiB for N = 8 rows. Every nibble is 9 (w = s
     with zero 8), x is zero except at four positions spread over the whole K (two past
