@@ -81,7 +81,7 @@ constexpr int CHUNK_K = 128;
 constexpr int SC_CHUNKS = 2;
 constexpr int SC_K = CHUNK_K * SC_CHUNKS;
 constexpr int SC_MAX_GROUPS = SC_K / 32;
-constexpr int STAGES = 4;
+constexpr int STAGES = 3;
 // x row stride in shared memory, in 16-bit elements: 256 + 32 so that the two x rows
 // read by one 8-lane phase of a 16-byte load fall in opposite bank halves (64 B apart).
 constexpr int XS_STRIDE = SC_K + 32;
@@ -203,8 +203,9 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 __device__ __forceinline__ int w_unit(int r, int j) { return r * (SC_K / 32) + (j ^ ((r & 1) << 2)); }
 
 // XT: activation type (ELEM_F16 / ELEM_BF16). MT: 8-row tiles of x (1: M <= 8, 2: M <= 16).
-// TRANS: quad transpose of the weight words (needed when G < 128, see the table above).
-template <int XT, int MT, bool TRANS>
+// G: group size (32, 64, 128), a template argument so that every group index below is a
+// compile-time constant; the quad transpose (TRANS) is needed when G < 128 (table above).
+template <int XT, int MT, int G>
 __global__ void __launch_bounds__(MMA_THREADS)
 decode_mma(const Params p) {
 #if defined(QG_HAS_MMA_SYNC)
@@ -215,8 +216,9 @@ decode_mma(const Params p) {
     const int warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     const int words_per_row = p.k >> 3;
-    const int groups = p.k / p.group_size;
-    const int sc_groups = SC_K / p.group_size;          // groups per unit: 8, 4, 2
+    constexpr bool TRANS = G < 128;
+    constexpr int sc_groups = SC_K / G;                 // groups per unit: 8, 4, 2
+    const int groups = p.k / G;
     const int S = (p.k + SC_K - 1) / SC_K;              // units per row block
     const int64_t U = static_cast<int64_t>(p.row_blocks) * S;
     const int64_t P = gridDim.x;
@@ -228,13 +230,12 @@ decode_mma(const Params p) {
     const int64_t u_end = ((static_cast<int64_t>(blockIdx.x) + 1) * U) / P;
 
     // Fill ring slot `slot` with unit u: weights, x (zero past M and K), scales, zero words.
-    auto load_unit = [&](int64_t u, int slot) {
+    auto load_unit = [&](int rb, int sc, int slot) {
         unsigned char* base = smem + slot * stage_bytes(MT);
         unsigned char* ws = base;
         uint16_t* xs = reinterpret_cast<uint16_t*>(base + W_STAGE_BYTES);
         uint16_t* ss = reinterpret_cast<uint16_t*>(base + W_STAGE_BYTES + MT * 8 * XS_STRIDE * 2);
         uint32_t* zs = reinterpret_cast<uint32_t*>(base + W_STAGE_BYTES + MT * 8 * XS_STRIDE * 2 + S_STAGE_BYTES);
-        const int rb = static_cast<int>(u / S), sc = static_cast<int>(u % S);
         const int n0 = rb * ROWS_PER_BLOCK;
 #pragma unroll
         for (int j = 0; j < ROWS_PER_BLOCK * (SC_K / 32) / MMA_THREADS; ++j) {
@@ -293,18 +294,31 @@ decode_mma(const Params p) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[mt][i] = accg[mt][i] = 0.f;
 
+    // Units are walked with running (row block, superchunk) pairs: no division in the loop.
+    // (rb, sc) is the unit being decoded, (prb, psc) the next one to fetch.
+    int rb = static_cast<int>(u_begin / S), sc = static_cast<int>(u_begin % S);
+    int prb = rb, psc = sc;
+    auto advance = [&](int& r, int& c) {
+        if (++c == S) { c = 0; ++r; }
+    };
     // prologue: STAGES - 1 units in flight (empty groups keep the wait count uniform)
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (u_begin + s < u_end) load_unit(u_begin + s, s);
+        if (u_begin + s < u_end) {
+            load_unit(prb, psc, s);
+            advance(prb, psc);
+        }
         cp_async_commit();
     }
 
+    int slot = 0;
     for (int64_t u = u_begin; u < u_end; ++u) {
-        const int slot = static_cast<int>((u - u_begin) % STAGES);
         cp_async_wait<STAGES - 2>();   // unit u has landed (this thread's copies)
         __syncthreads();               // ... everyone's; and slot (u-1) % STAGES is free
-        if (u + STAGES - 1 < u_end) load_unit(u + STAGES - 1, static_cast<int>((u + STAGES - 1 - u_begin) % STAGES));
+        if (u + STAGES - 1 < u_end) {
+            load_unit(prb, psc, slot == 0 ? STAGES - 1 : slot - 1);
+            advance(prb, psc);
+        }
         cp_async_commit();
 
         const unsigned char* base = smem + slot * stage_bytes(MT);
@@ -323,14 +337,21 @@ decode_mma(const Params p) {
                 quad_transpose(wgw, t);
                 quad_transpose(whw, t);
             }
+            uint32_t zg = 0, zh = 0;
+            float sg = 0.f, sh = 0.f;
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                // group of this word's k range, relative to the unit
-                const int gi = TRANS ? (c * CHUNK_K + 32 * q) / p.group_size : (c * CHUNK_K) / p.group_size;
-                // -(bias + z) as a packed pair: z adds one ulp per step at this exponent
-                const uint32_t ng = neg_bias + ((zs[(r_g >> 3) * SC_MAX_GROUPS + gi] >> (4 * (r_g & 7))) & 15u);
-                const uint32_t nh = neg_bias + ((zs[(r_h >> 3) * SC_MAX_GROUPS + gi] >> (4 * (r_h & 7))) & 15u);
-                const uint32_t zg = ng | (ng << 16), zh = nh | (nh << 16);
+                // group of this word's k range, relative to the unit (compile-time)
+                const int gi = TRANS ? (c * CHUNK_K + 32 * q) / G : (c * CHUNK_K) / G;
+                if (TRANS ? (32 * q) % G == 0 : q == 0) {  // a group starts: its zero and scale
+                    // -(bias + z) as a packed pair: z adds one ulp per step at this exponent
+                    const uint32_t ng = neg_bias + ((zs[(r_g >> 3) * SC_MAX_GROUPS + gi] >> (4 * (r_g & 7))) & 15u);
+                    const uint32_t nh = neg_bias + ((zs[(r_h >> 3) * SC_MAX_GROUPS + gi] >> (4 * (r_h & 7))) & 15u);
+                    zg = ng | (ng << 16);
+                    zh = nh | (nh << 16);
+                    sg = bits_to_float(ss[r_g * SC_MAX_GROUPS + gi], p.scale_type);
+                    sh = bits_to_float(ss[r_h * SC_MAX_GROUPS + gi], p.scale_type);
+                }
                 const uint32_t a00 = dequant_pair<XT>(wgw[q], zg);
                 const uint32_t a01 = dequant_pair<XT>(whw[q], zh);
                 const uint32_t a02 = dequant_pair<XT>(wgw[q] >> 4, zg);
@@ -353,10 +374,7 @@ decode_mma(const Params p) {
                     mma16816<XT>(accg[mt], a10, a11, a12, a13, b10, b11);
                 }
                 // close the group after its last word: acc += s * (sum of (q - z) * x)
-                const bool group_ends = TRANS ? ((32 * (q + 1)) % p.group_size == 0) : (q == 3);
-                if (group_ends) {
-                    const float sg = bits_to_float(ss[r_g * SC_MAX_GROUPS + gi], p.scale_type);
-                    const float sh = bits_to_float(ss[r_h * SC_MAX_GROUPS + gi], p.scale_type);
+                if (TRANS ? (32 * (q + 1)) % G == 0 : q == 3) {
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         acc[mt][0] = fmaf(sg, accg[mt][0], acc[mt][0]);
@@ -369,14 +387,17 @@ decode_mma(const Params p) {
             }
         }
 
-        const int rb = static_cast<int>(u / S);
-        if (u % S != S - 1 && u + 1 != u_end) continue;  // row block continues in this block
+        const int cur_rb = rb;
+        const bool row_done = sc == S - 1 || u + 1 == u_end;
+        advance(rb, sc);
+        slot = slot == STAGES - 1 ? 0 : slot + 1;
+        if (!row_done) continue;  // the row block continues in this block
 
-        // Output of row block rb. c0,c1: row n_warp+g, x rows 2t, 2t+1 (+8 mt); c2,c3: +8.
-        const int n_block = rb * ROWS_PER_BLOCK;
+        // Output of row block cur_rb. c0,c1: row n_warp+g, x rows 2t, 2t+1 (+8 mt); c2,c3: +8.
+        const int n_block = cur_rb * ROWS_PER_BLOCK;
         const int n_warp = n_block + warp * 16;
-        const int first = owner_of(static_cast<int64_t>(rb) * S, U, P);
-        const int contributors = owner_of(static_cast<int64_t>(rb) * S + S - 1, U, P) - first + 1;
+        const int first = owner_of(static_cast<int64_t>(cur_rb) * S, U, P);
+        const int contributors = owner_of(static_cast<int64_t>(cur_rb) * S + S - 1, U, P) - first + 1;
         if (contributors == 1) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -392,7 +413,7 @@ decode_mma(const Params p) {
         // Shared row block: publish the partial sums in slot (this block - first), the last
         // contributor to arrive adds the slots in order and re-arms the counter.
         // partial layout: [row_blocks][max_contributors][16 x rows][64 weight rows]
-        float* part = p.partial + (static_cast<int64_t>(rb) * p.max_contributors + (blockIdx.x - first)) *
+        float* part = p.partial + (static_cast<int64_t>(cur_rb) * p.max_contributors + (blockIdx.x - first)) *
                                       (16 * ROWS_PER_BLOCK);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -406,7 +427,7 @@ decode_mma(const Params p) {
         __threadfence();
         __syncthreads();
         if (tid == 0)
-            last_block = atomicAdd(&p.counters[rb], 1u) == static_cast<unsigned>(contributors - 1);
+            last_block = atomicAdd(&p.counters[cur_rb], 1u) == static_cast<unsigned>(contributors - 1);
         __syncthreads();
         if (last_block) {
             __threadfence();
@@ -414,7 +435,7 @@ decode_mma(const Params p) {
             // a later call with another shape (whose counters may lie where these partial
             // sums were) finds zeros.
             volatile float* vpart =
-                p.partial + static_cast<int64_t>(rb) * p.max_contributors * (16 * ROWS_PER_BLOCK);
+                p.partial + static_cast<int64_t>(cur_rb) * p.max_contributors * (16 * ROWS_PER_BLOCK);
             for (int i = tid; i < p.m * ROWS_PER_BLOCK; i += MMA_THREADS) {
                 float v = 0.f;
                 for (int c = 0; c < contributors; ++c) {
@@ -424,7 +445,7 @@ decode_mma(const Params p) {
                 const int n = n_block + i % ROWS_PER_BLOCK;
                 if (n < p.n) store_out(p.y, (i / ROWS_PER_BLOCK) * p.ldy + n, v, p.y_type);
             }
-            if (tid == 0) p.counters[rb] = 0;
+            if (tid == 0) p.counters[cur_rb] = 0;
         }
         __syncthreads();  // last_block is rewritten by the next row block's arrival
     }

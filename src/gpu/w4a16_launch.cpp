@@ -48,34 +48,35 @@ bool mma_layout_ok(const qg_w4a16_gemm_args* a) {
 
 typedef void (*MmaKernel)(const Params);
 
-MmaKernel mma_kernel(int x_type, int mt, bool trans) {
-#define QG_W4A16_CASE(XT, MT, TR) \
-    if (x_type == XT && mt == MT && trans == TR) return w4a16::decode_mma<XT, MT, TR>;
-    QG_W4A16_CASE(w4a16::ELEM_F16, 1, false)
-    QG_W4A16_CASE(w4a16::ELEM_F16, 1, true)
-    QG_W4A16_CASE(w4a16::ELEM_F16, 2, false)
-    QG_W4A16_CASE(w4a16::ELEM_F16, 2, true)
-    QG_W4A16_CASE(w4a16::ELEM_BF16, 1, false)
-    QG_W4A16_CASE(w4a16::ELEM_BF16, 1, true)
-    QG_W4A16_CASE(w4a16::ELEM_BF16, 2, false)
-    QG_W4A16_CASE(w4a16::ELEM_BF16, 2, true)
+// Every decode_mma instantiation: x type x tile width x group size, listed once.
+#define QG_W4A16_MMA_KERNELS(X)                                          \
+    X(w4a16::ELEM_F16, 1, 32) X(w4a16::ELEM_F16, 1, 64) X(w4a16::ELEM_F16, 1, 128)    \
+    X(w4a16::ELEM_F16, 2, 32) X(w4a16::ELEM_F16, 2, 64) X(w4a16::ELEM_F16, 2, 128)    \
+    X(w4a16::ELEM_BF16, 1, 32) X(w4a16::ELEM_BF16, 1, 64) X(w4a16::ELEM_BF16, 1, 128) \
+    X(w4a16::ELEM_BF16, 2, 32) X(w4a16::ELEM_BF16, 2, 64) X(w4a16::ELEM_BF16, 2, 128)
+
+MmaKernel mma_kernel(int x_type, int mt, int group_size) {
+#define QG_W4A16_CASE(XT, MT, G) \
+    if (x_type == XT && mt == MT && group_size == G) return w4a16::decode_mma<XT, MT, G>;
+    QG_W4A16_MMA_KERNELS(QG_W4A16_CASE)
 #undef QG_W4A16_CASE
     return nullptr;
 }
 
 int mt_of(MmaKernel kernel) {
-    for (int xt = 0; xt < 2; ++xt)
-        for (int tr = 0; tr < 2; ++tr)
-            if (kernel == mma_kernel(xt, 2, tr != 0)) return 2;
+#define QG_W4A16_MT(XT, MT, G) \
+    if (kernel == w4a16::decode_mma<XT, MT, G>) return MT;
+    QG_W4A16_MMA_KERNELS(QG_W4A16_MT)
+#undef QG_W4A16_MT
     return 1;
 }
 
 // Resident blocks per SM of a kernel, asked once per kernel (the answer never changes);
 // also lifts the kernel's dynamic shared-memory limit to its ring size (> 48 KB).
 int resident_blocks(MmaKernel kernel) {
-    static int cache[8] = {0};
-    static MmaKernel keys[8] = {nullptr};
-    for (int i = 0; i < 8; ++i) {
+    static int cache[16] = {0};
+    static MmaKernel keys[16] = {nullptr};
+    for (int i = 0; i < 16; ++i) {
         if (keys[i] == kernel) return cache[i];
         if (keys[i] == nullptr) {
             const int smem = w4a16::mma_smem_bytes(mt_of(kernel));
@@ -125,8 +126,8 @@ qg_status make_plan(const qg_context* ctx, const qg_w4a16_gemm_args* a, Plan* pl
     // many blocks per row block instead (tests use it to reach every reduction path).
     const int x_type = a->x_dtype == QG_DTYPE_BF16 ? w4a16::ELEM_BF16 : w4a16::ELEM_F16;
     // both tile widths may run (the last 16-row chunk of a large M can be narrower)
-    const int resident = std::min(resident_blocks(mma_kernel(x_type, plan->mt, plan->trans)),
-                                  resident_blocks(mma_kernel(x_type, 1, plan->trans)));
+    const int resident = std::min(resident_blocks(mma_kernel(x_type, plan->mt, a->group_size)),
+                                  resident_blocks(mma_kernel(x_type, 1, a->group_size)));
     if (resident == 0)
         return set_error(QG_ERR_DEVICE, "decode_mma cannot be made resident (%d bytes of shared memory)",
                          w4a16::mma_smem_bytes(plan->mt));
@@ -209,7 +210,7 @@ qg_status gpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a, qg_
             // the last chunk of a large M may need only one x tile
             const int mt = p.m > 8 ? 2 : 1;
             const int use_mt = std::min(mt, plan.mt);
-            mma_kernel(x_type, use_mt, plan.trans)<<<plan.blocks, w4a16::MMA_THREADS,
+            mma_kernel(x_type, use_mt, a->group_size)<<<plan.blocks, w4a16::MMA_THREADS,
                                                      w4a16::mma_smem_bytes(use_mt), s>>>(p);
         } else {
             const int warps = w4a16::SIMT_THREADS / QG_WARP_SIZE;
