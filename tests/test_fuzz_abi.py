@@ -1042,7 +1042,7 @@ def align_case(s):
     exp = align_expect(s)
     sane = is_sane(exp, s, ("T", "top_k", "E"))
     T, top_k, E, tile_m = s["T"], s["top_k"], s["E"], s["tile_m"]
-    aT, ak, aE = (T, top_k, E) if sane else (small(T, 12), small(top_k, 6), max(small(E, 6), 1))
+    aT, ak, aE = (T, max(top_k, 1), max(E, 1)) if sane else (small(T, 12), small(top_k, 6), max(small(E, 6), 1))
     ids = topk_ids_for(rng, aT, ak, aE)
     if s["corrupt"] is not None and ids.size:
         bad = E if s["corrupt"] == "E" else s["corrupt"]
@@ -1244,12 +1244,16 @@ def stage1_expect(s):
 
 
 def moe_dims(s, exp):
+    """Sizes to build buffers with: the arguments themselves for calls the library may
+    accept (an empty problem may come with E = 0 or a bad tile_m: those are clamped, as
+    nothing is read then), small stand-ins otherwise."""
     sane = is_sane(exp, s, ("T", "top_k", "E", "H", "I"))
     T, top_k, E, tile_m, H, I = s["T"], s["top_k"], s["E"], s["tile_m"], s["H"], s["I"]
+    tile_m = tile_m if tile_m in (16, 32, 64) else 16
     if sane:
-        return T, top_k, E, tile_m, H, I
-    return (small(T, 12), max(small(top_k, 6), 1), max(small(E, 6), 1),
-            tile_m if tile_m in (16, 32, 64) else 16, max(small(H, 96), 32), max(small(I, 64), 1))
+        return T, max(top_k, 1), max(E, 1), tile_m, H, I
+    return (small(T, 12), max(small(top_k, 6), 1), max(small(E, 6), 1), tile_m,
+            max(small(H, 96), 32), max(small(I, 64), 1))
 
 
 def stage1_case(s):
@@ -1440,7 +1444,7 @@ def test_fuzz_moe_stage2(spec):
 
 MISC = ["status_string", "format_block", "device_count", "context_create", "device_name",
         "set_option", "malloc", "memcpy", "memset", "stream", "event", "context_backend",
-        "context_destroy", "free", "stream_ops", "event_ops", "build"]
+        "context_destroy", "free", "stream_ops", "event_ops", "event_create", "build", "last_error"]
 
 
 @st.composite
@@ -1479,6 +1483,29 @@ def misc_case(s):
         assert info and b"cpu" in info, info
         CHILD_LOG.extend([("qg_version", "valid-accepted"), ("qg_format_version", "valid-accepted"),
                           ("qg_build_info", "valid-accepted")])
+        return "valid-accepted"
+
+    if w == "event_create":
+        exp.bad(s["ctx_null"], "ctx")
+        exp.bad(s["p1"] == "null", "event")
+        out = mem.output("event", 8, s["p1"])
+
+        def verify():
+            mem.check_untouched({"event": np.ones(8, bool)})
+            event = int(mem.payload("event", np.uint64)[0])
+            assert event, "qg_event_create returned a NULL event"
+            L.qg_event_destroy(ctx, event)
+        return drive("qg_event_create",
+                     lambda: call(L.qg_event_create, ctx, ctypes.cast(out, ctypes.POINTER(L.qg_event_p))),
+                     exp, mem, verify)
+
+    if w == "last_error":
+        # the sentence of this thread's last failed call, stable until the next call
+        status, msg = call(L.qg_context_set_option, ctx if ctx else make_ctx(0), b"no_such_option", v)
+        assert status == L.Status.QG_ERR_INVALID_ARGUMENT
+        again = L.qg_last_error()
+        assert again is not None and again.decode() == msg and "no_such_option" in msg, (again, msg)
+        CHILD_LOG.append(("qg_last_error", "valid-accepted"))
         return "valid-accepted"
 
     if w == "context_backend":
