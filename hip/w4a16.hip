@@ -122,7 +122,10 @@ template <int XT>
 __device__ __forceinline__ uint32_t dequant_pair(uint32_t w_shifted, uint32_t neg_bias_z) {
     constexpr uint32_t kBias = XT == ELEM_BF16 ? 0x43004300u : 0x64006400u;
     constexpr uint32_t kOne = XT == ELEM_BF16 ? 0x3f803f80u : 0x3c003c00u;
-    const uint32_t biased = (w_shifted & 0x000f000fu) | kBias;
+    // (w & 0x000f000f) | bias in one lop3 (0xea = (a & b) | c); the bias sits in a register
+    // operand so that the instruction takes a single immediate.
+    uint32_t biased, bias = kBias;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(biased) : "r"(w_shifted), "n"(0x000f000f), "r"(bias));
     uint32_t out;
     if (XT == ELEM_BF16) {
         asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(biased), "r"(kOne), "r"(neg_bias_z));
@@ -224,66 +227,92 @@ decode_mma(const Params p) {
     const int64_t P = gridDim.x;
     const uint32_t neg_bias = XT == ELEM_BF16 ? 0xc300u : 0xe400u;  // -(128) bf16, -(1024) fp16
     const int r_g = warp * 16 + g, r_h = r_g + 8;                    // rows inside the block
-    const bool scale_pairs = (groups & 1) == 0;  // 4-byte scale copies stay aligned
 
     const int64_t u_begin = (static_cast<int64_t>(blockIdx.x) * U) / P;
     const int64_t u_end = ((static_cast<int64_t>(blockIdx.x) + 1) * U) / P;
 
-    // Fill ring slot `slot` with unit u: weights, x (zero past M and K), scales, zero words.
+    // Fill ring slot `slot` with unit (rb, sc): weights, x (zero past M and K), scales and zero
+    // words. Each thread's share of the copies is fixed: its offsets are computed once here,
+    // and a unit only adds its row-block and k bases (bounds tests only on edge units).
+    constexpr int W_COPIES = ROWS_PER_BLOCK * (SC_K / 32) / MMA_THREADS;   // 4 x 16 B
+    constexpr int X_COPIES = MT * 8 * (SC_K / 8) / MMA_THREADS;            // 2 or 4 x 16 B
+    constexpr int S_PAIRS = ROWS_PER_BLOCK * sc_groups / 2;                // 4-byte scale pairs
+    constexpr int S_COPIES = (S_PAIRS + MMA_THREADS - 1) / MMA_THREADS;
+    const int w_col = tid & 7;                      // 16-byte unit of a weight row
+    const int x_col = tid & 31;                     // 16-byte unit of an x row
+    int x_dst = x_col;                              // untransposed: chunk unit 4a + b -> 4b + a
+    if (!TRANS) x_dst = (x_col & ~15) | ((x_col & 3) << 2) | ((x_col & 15) >> 2);
+    const int z_oct = tid / sc_groups, z_gi = tid % sc_groups;
+    const bool z_copier = tid < (ROWS_PER_BLOCK / 8) * sc_groups;
+
+    // Per row block (refreshed when the fetch moves to another one): this thread's source
+    // pointers at superchunk 0 and whether each copy is inside N; x rows are fixed.
+    const int32_t* w_src[W_COPIES];
+    bool w_in[W_COPIES];
+    const uint16_t* s_src[S_COPIES];
+    bool s_in[S_COPIES];
+    const int32_t* z_src = p.qzeros;
+    bool z_in = false;
+    int fetch_rb = -1;
+    auto enter_row_block = [&](int rb) {
+        const int n0 = rb * ROWS_PER_BLOCK;
+#pragma unroll
+        for (int j = 0; j < W_COPIES; ++j) {
+            const int n = n0 + (tid >> 3) + j * (MMA_THREADS / 8);
+            w_in[j] = n < p.n;
+            w_src[j] = p.qweight + static_cast<int64_t>(w_in[j] ? n : 0) * words_per_row + w_col * 4;
+        }
+#pragma unroll
+        for (int j = 0; j < S_COPIES; ++j) {
+            const int i = tid + j * MMA_THREADS;
+            const int n = n0 + i / (sc_groups / 2);
+            s_in[j] = n < p.n && (S_PAIRS % MMA_THREADS == 0 || i < S_PAIRS);
+            s_src[j] = p.scales + static_cast<int64_t>(s_in[j] ? n : 0) * groups + 2 * (i % (sc_groups / 2));
+        }
+        z_in = p.qzeros && z_copier && n0 + 8 * z_oct < p.n;
+        if (z_in) z_src = p.qzeros + static_cast<int64_t>((n0 >> 3) + z_oct) * groups + z_gi;
+        fetch_rb = rb;
+    };
+    const uint16_t* x_src[X_COPIES];
+    bool x_in[X_COPIES];
+#pragma unroll
+    for (int j = 0; j < X_COPIES; ++j) {
+        const int row = (tid >> 5) + j * (MMA_THREADS / 32);
+        x_in[j] = row < p.m;
+        x_src[j] = p.x + (x_in[j] ? row : 0) * p.ldx + x_col * 8;
+    }
+
     auto load_unit = [&](int rb, int sc, int slot) {
+        if (rb != fetch_rb) enter_row_block(rb);
         unsigned char* base = smem + slot * stage_bytes(MT);
-        unsigned char* ws = base;
         uint16_t* xs = reinterpret_cast<uint16_t*>(base + W_STAGE_BYTES);
         uint16_t* ss = reinterpret_cast<uint16_t*>(base + W_STAGE_BYTES + MT * 8 * XS_STRIDE * 2);
         uint32_t* zs = reinterpret_cast<uint32_t*>(base + W_STAGE_BYTES + MT * 8 * XS_STRIDE * 2 + S_STAGE_BYTES);
-        const int n0 = rb * ROWS_PER_BLOCK;
+        // k bound: only the last superchunk of a row can be partial (K % 256 != 0)
+        const bool k_full = (sc + 1) * SC_K <= p.k;
+        const bool w_k = k_full || sc * (SC_K / 8) + w_col * 4 < words_per_row;
+        const bool x_k = k_full || sc * SC_K + x_col * 8 < p.k;
 #pragma unroll
-        for (int j = 0; j < ROWS_PER_BLOCK * (SC_K / 32) / MMA_THREADS; ++j) {
-            const int i = tid + j * MMA_THREADS;
-            const int r = i / (SC_K / 32), unit = i % (SC_K / 32);
-            const int word = sc * (SC_K / 8) + unit * 4;
-            const bool ok = n0 + r < p.n && word < words_per_row;
-            const int32_t* src = ok ? p.qweight + static_cast<int64_t>(n0 + r) * words_per_row + word : p.qweight;
-            cp_async16(ws + w_unit(r, unit) * 16, src, ok);
-        }
+        for (int j = 0; j < W_COPIES; ++j)
+            cp_async16(base + w_unit((tid >> 3) + j * (MMA_THREADS / 8), w_col) * 16,
+                       w_src[j] + sc * (SC_K / 8), w_in[j] && w_k);
 #pragma unroll
-        for (int j = 0; j < MT * 8 * (SC_K / 8) / MMA_THREADS; ++j) {
+        for (int j = 0; j < X_COPIES; ++j)
+            cp_async16(xs + ((tid >> 5) + j * (MMA_THREADS / 32)) * XS_STRIDE + x_dst * 8, x_src[j] + sc * SC_K,
+                       x_in[j] && x_k);
+        const int grp0 = sc * sc_groups;
+#pragma unroll
+        for (int j = 0; j < S_COPIES; ++j) {
             const int i = tid + j * MMA_THREADS;
-            const int row = i / (SC_K / 8), unit = i % (SC_K / 8);
-            const int k0 = sc * SC_K + unit * 8;
-            const bool ok = row < p.m && k0 < p.k;
-            int dst = unit;  // 16-byte unit inside the stage
-            if (!TRANS) {    // chunk unit 4a + b -> 4b + a (see the table above)
-                const int cu = unit & 15;
-                dst = (unit & ~15) | ((cu & 3) << 2) | (cu >> 2);
-            }
-            cp_async16(xs + row * XS_STRIDE + dst * 8, ok ? p.x + row * p.ldx + k0 : p.x, ok);
+            if (S_PAIRS % MMA_THREADS == 0 || i < S_PAIRS)
+                cp_async4(ss + (i / (sc_groups / 2)) * SC_MAX_GROUPS + 2 * (i % (sc_groups / 2)),
+                          s_src[j] + grp0, s_in[j] && (k_full || grp0 + 2 * (i % (sc_groups / 2)) < groups));
         }
-        if (scale_pairs) {
-            for (int i = tid; i < ROWS_PER_BLOCK * sc_groups / 2; i += MMA_THREADS) {
-                const int r = i / (sc_groups / 2), gi = 2 * (i % (sc_groups / 2));
-                const int grp = sc * sc_groups + gi;
-                const bool ok = n0 + r < p.n && grp < groups;
-                cp_async4(ss + r * SC_MAX_GROUPS + gi,
-                          ok ? p.scales + static_cast<int64_t>(n0 + r) * groups + grp : p.scales, ok);
-            }
-        } else {  // odd groups per row: 2-byte scales, plain loads (visible after the barrier)
-            for (int i = tid; i < ROWS_PER_BLOCK * sc_groups; i += MMA_THREADS) {
-                const int r = i / sc_groups, gi = i % sc_groups, grp = sc * sc_groups + gi;
-                ss[r * SC_MAX_GROUPS + gi] = (n0 + r < p.n && grp < groups)
-                                                 ? p.scales[static_cast<int64_t>(n0 + r) * groups + grp]
-                                                 : uint16_t(0);
-            }
-        }
-        if (tid < (ROWS_PER_BLOCK / 8) * sc_groups) {
-            const int oct = tid / sc_groups, gi = tid % sc_groups, grp = sc * sc_groups + gi;
-            if (p.qzeros) {
-                const bool ok = n0 + 8 * oct < p.n && grp < groups;
-                cp_async4(zs + oct * SC_MAX_GROUPS + gi,
-                          ok ? p.qzeros + static_cast<int64_t>((n0 >> 3) + oct) * groups + grp : p.qzeros, ok);
-            } else {
-                zs[oct * SC_MAX_GROUPS + gi] = 0x88888888u;  // symmetric: z = 8 in every nibble
-            }
+        if (z_copier) {
+            if (p.qzeros)
+                cp_async4(zs + z_oct * SC_MAX_GROUPS + z_gi, z_src + grp0, z_in && (k_full || grp0 + z_gi < groups));
+            else
+                zs[z_oct * SC_MAX_GROUPS + z_gi] = 0x88888888u;  // symmetric: z = 8 in every nibble
         }
     };
 
@@ -362,7 +391,7 @@ decode_mma(const Params p) {
                 const uint32_t a13 = dequant_pair<XT>(whw[q] >> 12, zh);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    if (mt * 8 >= p.m) break;  // an all-padding x tile adds nothing
+                    if (mt > 0 && mt * 8 >= p.m) break;  // an all-padding x tile adds nothing
                     const uint4 xq = *reinterpret_cast<const uint4*>(
                         xs + (mt * 8 + g) * XS_STRIDE + (c * 16 + 4 * q + t) * 8);
                     // x elements v0..v7 of this word; pairs (v0,v4) (v1,v5) (v2,v6) (v3,v7)

@@ -41,9 +41,10 @@ bool mma_available(const qg_context* ctx) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// mma tier reads x and qweight with 16-byte loads
+// mma tier copies x and qweight 16 bytes and scales 4 bytes (two groups) at a time
 bool mma_layout_ok(const qg_w4a16_gemm_args* a) {
-    return aligned16(a->x) && a->ldx % 8 == 0 && aligned16(a->qweight);
+    return aligned16(a->x) && a->ldx % 8 == 0 && aligned16(a->qweight) &&
+           (reinterpret_cast<uintptr_t>(a->scales) & 3u) == 0 && (a->k / a->group_size) % 2 == 0;
 }
 
 typedef void (*MmaKernel)(const Params);
@@ -109,9 +110,10 @@ qg_status make_plan(const qg_context* ctx, const qg_w4a16_gemm_args* a, Plan* pl
                          "w4a16_tier=2 needs mma.sync (NVIDIA compute capability 8.0+); this device is %d.%d",
                          ctx->cc_major, ctx->cc_minor);
     if (forced == 2 && !mma_layout_ok(a))
-        return set_error(QG_ERR_INVALID_ARGUMENT,
-                         "w4a16_tier=2 needs x and qweight 16-byte aligned and ldx=%lld a multiple of 8",
-                         static_cast<long long>(a->ldx));
+        return set_error(QG_ERR_UNSUPPORTED,
+                         "w4a16_tier=2 needs x and qweight 16-byte aligned, ldx=%lld a multiple of 8, scales "
+                         "4-byte aligned and an even number of groups per row (k/group_size=%lld)",
+                         static_cast<long long>(a->ldx), static_cast<long long>(a->k / a->group_size));
     const bool use_mma = forced == 2 || (forced == 0 && mma_available(ctx) && mma_layout_ok(a));
     plan->tier = use_mma ? TIER_MMA : TIER_SIMT;
     if (!use_mma) return QG_OK;
