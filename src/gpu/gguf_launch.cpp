@@ -1,0 +1,408 @@
+// Launcher of the GGUF GEMM decode tier (device code: hip/gguf.hip).
+//
+// Implements qg::gpu_gguf_gemm and qg::gpu_gguf_gemm_workspace (src/tiers.h).
+// api.cpp has already checked every argument the ABI defines (pointers, format,
+// shapes, K % block_elems, ldw >= row bytes, dtypes, m > 0); this file checks what only
+// this tier knows (alignment of x / y / workspace, workspace size, 32-bit index
+// ranges), picks a configuration and launches on the caller's stream.
+//
+// M > 4 is served by one decode launch per chunk of 4 rows of x (a chunk of 3 runs the
+// 4-row kernel with the 4th row masked): correct, not fast; the prefill tier and a
+// matrix-unit decode path will take those shapes over.
+#include <stddef.h>
+#include <stdint.h>
+
+#include <atomic>
+
+#include "tiers.h"
+#include "gguf.hip"
+
+namespace qg {
+namespace {
+
+using gguf::DecodeParams;
+using gguf::Format;
+using gguf::Tune;
+using gguf::kThreads;
+using gguf::kMaxMTile;
+
+// ------------------------------------------------------------------ tuning table
+// Speed only: results never depend on these (tests force split_k through
+// qg_context_set_option("split_k", ...) to exercise every path).
+
+// Bytes of fp32 x (plus Q4_K's sums) staged per thread block. MT <= 2 keeps a whole
+// 6144-element k-range per block (K = 5376 needs no split) and, with the weight
+// buffers, about 50 KB per block: 4 blocks = 32 warps per H200 SM.
+constexpr int kXStageBytesSmall = 24 * 1024;   // MT <= 2
+constexpr int kXStageBytesLarge = 40 * 1024;   // MT >= 3 (one row per warp: smaller buffers)
+constexpr int kMaxAutoSplitK = 16;
+constexpr int kMaxGridY = 65535;
+// Shared memory the runtime reserves per block on NVIDIA sm_80+ (occupancy estimate).
+constexpr int kSmemReservedPerBlock = 1024;
+
+// Shared memory per SM (bytes) for the occupancy estimate: the published per-SM
+// capacity by compute capability (CUDA programming guide, "Compute capabilities");
+// 64 KB LDS per CU / WGP on AMD.
+int smem_per_sm(const qg_context* ctx)
+{
+#if defined(QG_GPU_HIP)
+    (void)ctx;
+    return 64 * 1024;
+#else
+    const int cc = ctx->cc_major * 10 + ctx->cc_minor;
+    if (cc >= 100 && cc < 120) return 228 * 1024;    // sm_100
+    if (cc >= 90) return cc >= 120 ? 100 * 1024 : 228 * 1024;   // sm_90 / sm_120
+    if (cc == 80 || cc == 87) return 164 * 1024;
+    if (cc >= 86) return 100 * 1024;                  // sm_86, sm_89
+    if (cc == 75) return 64 * 1024;
+    return 96 * 1024;
+#endif
+}
+
+// Registry name of a QG_GGUF_FORMATS entry: lower case except the K of the K-quants
+// ("Q4_K" -> "q4_K", "IQ4_XS" -> "iq4_xs"). Writes into out[16].
+const char* format_name(qg_format f, char* out)
+{
+    const char* in = "?";
+    switch (f) {
+#define QG_NAME(NAME, BLOCK, BE) \
+    case QG_FORMAT_##NAME: in = #NAME; break;
+        QG_GGUF_FORMATS(QG_NAME)
+#undef QG_NAME
+    default: break;
+    }
+    int i = 0;
+    for (; in[i] != 0 && i < 15; ++i) {
+        const bool k_quant = in[i] == 'K' && i > 0 && in[i - 1] == '_';
+        out[i] = (in[i] >= 'A' && in[i] <= 'Z' && !k_quant) ? (char)(in[i] - 'A' + 'a') : in[i];
+    }
+    out[i] = 0;
+    return out;
+}
+
+const char* dtype_name(qg_dtype d)
+{
+    return d == QG_DTYPE_F32 ? "f32" : d == QG_DTYPE_F16 ? "f16" : d == QG_DTYPE_BF16 ? "bf16" : "?";
+}
+
+int dtype_bytes(qg_dtype d) { return d == QG_DTYPE_F32 ? 4 : 2; }
+
+size_t align16(size_t v) { return (v + 15) & ~(size_t)15; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Widest global load (16, 8, 4, 2, 1 bytes) that every row start w + n * ldw allows.
+int load_bytes_for(const void* w, int64_t ldw)
+{
+    const uint64_t bits = (uint64_t)(uintptr_t)w | (uint64_t)ldw;
+    int l = 16;
+    while (l > 1 && (bits & (uint64_t)(l - 1)) != 0) l /= 2;
+    return l;
+}
+
+// One launch's configuration (one chunk of at most kMaxMTile rows of x).
+struct Plan {
+    int mt;            // rows of x of this launch
+    int rows_per_warp; // R
+    int tiles;         // gridDim.x: row tiles
+    int split_k;       // gridDim.y: K splits
+    bool split_forced; // split_k came from ctx->split_k
+    int kxb;           // blocks of K per staged x chunk
+    int x_chunks;      // x chunks per split (1 unless x does not fit shared memory)
+    int load_bytes;
+    bool async;        // cp.async double-buffered kernel (NVIDIA sm_80+, load_bytes >= 4, one x chunk)
+    int blocks_per_sm; // occupancy estimate behind `tiles`
+    size_t dyn_smem;   // dynamic shared memory bytes
+    size_t ws_bytes;   // workspace bytes: counters[tiles] (16-aligned), partial[split_k][mt][N]
+};
+
+// The cp.async kernel exists in CUDA builds (sm_80+ devices); HIP builds have only the
+// synchronous one.
+#if defined(QG_GPU_CUDA)
+constexpr bool kAsyncBuild = true;
+#else
+constexpr bool kAsyncBuild = false;
+#endif
+
+bool async_capable(const qg_context* ctx) { return kAsyncBuild && ctx->cc_major >= 8; }
+
+template <int FMT, int MT>
+int static_smem(bool async)
+{
+    return async ? gguf::static_smem_bytes<FMT, MT, true>(32) : gguf::static_smem_bytes<FMT, MT, false>(32);
+}
+
+template <int FMT, int MT>
+Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a)
+{
+    typedef Format<FMT> F;
+    Plan pl = {};
+    pl.mt = MT;
+    pl.rows_per_warp = Tune<MT>::kRows;
+    const int64_t n = a->n, nb = a->k / F::BE;
+    const int warps = kThreads / 32;   // host view (NVIDIA / RDNA); CDNA has half as many, wider
+
+    // staged x: blocks of K per chunk
+    const int x_budget = MT <= 2 ? kXStageBytesSmall : kXStageBytesLarge;
+    const int per_block = gguf::dynamic_smem_bytes<FMT, MT>(F::BE);
+    const int kxb_cap = x_budget / per_block > 0 ? x_budget / per_block : 1;
+
+    // The kernel variant: cp.async needs 4-byte aligned rows and x staged once per split
+    // (the auto split below guarantees the latter; a forced split may not).
+    pl.load_bytes = load_bytes_for(a->w, a->ldw);
+    const bool async_ok = async_capable(ctx) && pl.load_bytes >= 4;
+
+    // resident blocks per SM: the launch-bounds floor, or fewer if shared memory says so
+    const int smem_block = static_smem<FMT, MT>(async_ok) + x_budget + kSmemReservedPerBlock;
+    int bps = smem_per_sm(ctx) / smem_block;
+    bps = bps < 1 ? 1 : bps > Tune<MT>::kMinBlocks ? Tune<MT>::kMinBlocks : bps;
+    pl.blocks_per_sm = bps;
+    const int64_t slots = (int64_t)(ctx->sm_count > 0 ? ctx->sm_count : 1) * bps;
+
+    int64_t split;
+    if (ctx->split_k > 0) {
+        split = ctx->split_k;
+        pl.split_forced = true;
+    } else {
+        // fewer R-row groups than resident warps: split K so that every warp streams bytes
+        const bool few_rows = n < slots * warps * pl.rows_per_warp;
+        split = few_rows ? ceil_div(slots * warps * pl.rows_per_warp, n) : 1;
+        // a split's x must fit the staging buffer: split further rather than re-stage x
+        const int64_t fit = ceil_div(nb, kxb_cap);
+        if (split < fit) split = fit;
+        if (split > kMaxAutoSplitK) split = kMaxAutoSplitK;
+    }
+    if (split > nb) split = nb;               // every split keeps at least one block
+    if (split > kMaxGridY) split = kMaxGridY;
+    if (split < 1) split = 1;
+    pl.split_k = (int)split;
+
+    const int64_t split_blocks = ceil_div(nb, split);
+    pl.kxb = (int)(split_blocks < kxb_cap ? split_blocks : kxb_cap);
+    pl.x_chunks = (int)ceil_div(split_blocks, pl.kxb);
+
+    // tiles: the resident slots shared by the splits, never more than row groups
+    int64_t tiles = slots / split;
+    const int64_t groups = ceil_div(n, pl.rows_per_warp);
+    if (tiles > groups) tiles = groups;
+    if (tiles < 1) tiles = 1;
+    pl.tiles = (int)tiles;
+
+    pl.async = async_ok && pl.x_chunks == 1;
+    pl.dyn_smem = (size_t)gguf::dynamic_smem_bytes<FMT, MT>(pl.kxb * F::BE);
+    pl.ws_bytes = pl.split_k > 1 ? align16((size_t)pl.tiles * 4) + (size_t)pl.split_k * MT * (size_t)n * 4 : 0;
+    return pl;
+}
+
+// Raises the kernel's dynamic shared-memory limit once per device when static +
+// dynamic bytes pass the 48 KB default.
+template <int FMT, int MT, bool ASYNC>
+qg_status ensure_smem_limit(const qg_context* ctx)
+{
+    static std::atomic<uint64_t> done_mask{0};
+    const int dev = ctx->device;
+    const uint64_t bit = dev >= 0 && dev < 64 ? (uint64_t)1 << dev : 0;
+    if (bit && (done_mask.load(std::memory_order_acquire) & bit)) return QG_OK;
+    const int max_dyn = gguf::dynamic_smem_bytes<FMT, MT>(0) + (MT <= 2 ? kXStageBytesSmall : kXStageBytesLarge);
+    const hipError_t e = hipFuncSetAttribute((const void*)gguf::gguf_decode_kernel<FMT, MT, ASYNC>,
+                                             hipFuncAttributeMaxDynamicSharedMemorySize, max_dyn);
+    if (e != hipSuccess) {
+        return set_error(QG_ERR_DEVICE, "gguf decode: setting %d bytes of dynamic shared memory failed: %s", max_dyn,
+                         hipGetErrorString(e));
+    }
+    if (bit) done_mask.fetch_or(bit, std::memory_order_acq_rel);
+    return QG_OK;
+}
+
+// Chunks of x rows: full chunks of kMaxMTile, then the remainder.
+struct Chunks {
+    int64_t full;  // chunks of kMaxMTile rows
+    int tail;      // rows of the last chunk, 0 if none
+};
+Chunks chunks_of(int64_t m)
+{
+    Chunks c;
+    c.full = m / kMaxMTile;
+    c.tail = (int)(m % kMaxMTile);
+    return c;
+}
+
+// Raises the shared-memory limit if needed, then launches the chosen kernel variant.
+template <int FMT, int MT>
+qg_status launch_kernel(const qg_context* ctx, const Plan& pl, hipStream_t stream, const DecodeParams& p)
+{
+    const dim3 grid((unsigned)pl.tiles, (unsigned)pl.split_k, 1);
+    const bool big = static_smem<FMT, MT>(pl.async) + (int)pl.dyn_smem > 48 * 1024;
+    if constexpr (kAsyncBuild) {
+        if (pl.async) {
+            if (big) {
+                const qg_status st = ensure_smem_limit<FMT, MT, true>(ctx);
+                if (st != QG_OK) return st;
+            }
+            gguf::gguf_decode_kernel<FMT, MT, true><<<grid, kThreads, pl.dyn_smem, stream>>>(p);
+            return gpu_check_launch("gguf decode");
+        }
+    }
+    if (big) {
+        const qg_status st = ensure_smem_limit<FMT, MT, false>(ctx);
+        if (st != QG_OK) return st;
+    }
+    gguf::gguf_decode_kernel<FMT, MT, false><<<grid, kThreads, pl.dyn_smem, stream>>>(p);
+    return gpu_check_launch("gguf decode");
+}
+
+template <int FMT, int MT>
+struct Tier {
+    static size_t workspace(const qg_context* ctx, const qg_gguf_gemm_args* a) { return make_plan<FMT, MT>(ctx, a).ws_bytes; }
+
+    // Launches rows [m0, m0 + MT) of x.
+    static qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, int64_t m0, hipStream_t stream,
+                            int launches)
+    {
+        const Plan pl = make_plan<FMT, MT>(ctx, a);
+        if (pl.ws_bytes > 0) {
+            if (a->workspace == nullptr || a->workspace_bytes < pl.ws_bytes) {
+                return set_error(QG_ERR_INVALID_ARGUMENT,
+                                 "workspace_bytes=%zu is smaller than the %zu bytes the gguf decode tier needs for "
+                                 "m=%lld n=%lld k=%lld (split_k=%d): size it with qg_gguf_gemm_workspace_size",
+                                 a->workspace == nullptr ? (size_t)0 : a->workspace_bytes, pl.ws_bytes,
+                                 (long long)a->m, (long long)a->n, (long long)a->k, pl.split_k);
+            }
+            if (((uintptr_t)a->workspace & 3) != 0) {
+                return set_error(QG_ERR_INVALID_ARGUMENT, "workspace is not 4-byte aligned (gguf split-K counters)");
+            }
+        }
+        if (m0 == 0 && log_enabled()) {
+            char name[16];
+            log_once("gguf %s m=%lld n=%lld k=%lld x=%s y=%s: decode mt=%d rows/warp=%d tiles=%d split_k=%d%s "
+                     "x_chunks=%d load=%dB%s blocks/SM~%d smem=%zu+%d%s",
+                     format_name(a->format, name), (long long)a->m, (long long)a->n, (long long)a->k,
+                     dtype_name(a->x_dtype), dtype_name(a->y_dtype), pl.mt, pl.rows_per_warp, pl.tiles, pl.split_k,
+                     pl.split_forced ? " (forced)" : "", pl.x_chunks, pl.load_bytes, pl.async ? " cp.async" : "",
+                     pl.blocks_per_sm, pl.dyn_smem, static_smem<FMT, MT>(pl.async),
+                     launches > 1 ? "; m > 4: one decode launch per 4 rows (prefill tier not built yet)" : "");
+        }
+
+        DecodeParams p;
+        p.w = static_cast<const uint8_t*>(a->w);
+        p.ldw = a->ldw;
+        p.x = static_cast<const char*>(a->x) + m0 * a->ldx * dtype_bytes(a->x_dtype);
+        p.ldx = a->ldx;
+        p.y = static_cast<char*>(a->y) + m0 * a->ldy * dtype_bytes(a->y_dtype);
+        p.ldy = a->ldy;
+        uint8_t* ws = static_cast<uint8_t*>(a->workspace);
+        p.counters = pl.ws_bytes > 0 ? reinterpret_cast<uint32_t*>(ws) : nullptr;
+        p.partial = pl.ws_bytes > 0 ? reinterpret_cast<float*>(ws + align16((size_t)pl.tiles * 4)) : nullptr;
+        p.n = (int)a->n;
+        p.nb = (int)(a->k / Format<FMT>::BE);
+        p.m_valid = (int)(a->m - m0 < MT ? a->m - m0 : MT);
+        p.x_dtype = (int)a->x_dtype;
+        p.y_dtype = (int)a->y_dtype;
+        p.load_bytes = pl.load_bytes;
+        p.split_k = pl.split_k;
+        p.kxb = pl.kxb;
+
+        return launch_kernel<FMT, MT>(ctx, pl, stream, p);
+    }
+};
+
+// Runtime (format, mt) -> Tier<FMT, MT>::op(args...), generated from QG_GGUF_FORMATS
+// and the M-tile list: the one place where runtime values become template arguments.
+#define QG_GGUF_MTILES(X) X(1) X(2) X(4)
+
+template <int FMT, class Op>
+auto dispatch_mt(int mt, Op& op) -> decltype(op.template run<FMT, 1>())
+{
+    // the smallest instantiated tile that holds mt rows (3 -> 4)
+#define QG_MT_CASE(MT_) \
+    if (mt <= MT_) return op.template run<FMT, MT_>();
+    QG_GGUF_MTILES(QG_MT_CASE)
+#undef QG_MT_CASE
+    return op.template run<FMT, kMaxMTile>();   // unreachable: 1 <= mt <= kMaxMTile
+}
+
+template <class Op>
+auto dispatch(qg_format format, int mt, Op& op) -> decltype(op.template run<QG_FORMAT_Q8_0, 1>())
+{
+    switch (format) {
+#define QG_FMT_CASE(NAME, BLOCK, BE) \
+    case QG_FORMAT_##NAME: return dispatch_mt<QG_FORMAT_##NAME>(mt, op);
+        QG_GGUF_FORMATS(QG_FMT_CASE)
+#undef QG_FMT_CASE
+    default: return op.unknown();
+    }
+}
+
+struct WorkspaceOp {
+    const qg_context* ctx;
+    const qg_gguf_gemm_args* a;
+    template <int FMT, int MT>
+    size_t run() { return Tier<FMT, MT>::workspace(ctx, a); }
+    size_t unknown() { return 0; }
+};
+
+struct LaunchOp {
+    const qg_context* ctx;
+    const qg_gguf_gemm_args* a;
+    int64_t m0;
+    hipStream_t stream;
+    int launches;
+    template <int FMT, int MT>
+    qg_status run() { return Tier<FMT, MT>::launch(ctx, a, m0, stream, launches); }
+    qg_status unknown()
+    {
+        return set_error(QG_ERR_INVALID_ARGUMENT, "format=%d is not a GGUF format", (int)a->format);
+    }
+};
+
+bool is_aligned(const void* p, int bytes) { return ((uintptr_t)p & (uintptr_t)(bytes - 1)) == 0; }
+
+}  // namespace
+
+size_t gpu_gguf_gemm_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a)
+{
+    if (a->m <= 0) return 0;
+    WorkspaceOp op = {ctx, a};
+    const Chunks c = chunks_of(a->m);
+    size_t bytes = 0;
+    if (c.full > 0) bytes = dispatch(a->format, kMaxMTile, op);
+    if (c.tail > 0) {
+        const size_t t = dispatch(a->format, c.tail, op);
+        if (t > bytes) bytes = t;
+    }
+    return bytes;
+}
+
+qg_status gpu_gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_stream stream)
+{
+    if (a->m <= 0) return QG_OK;
+    if (ctx->gguf_tier == 3) {
+        return set_error(QG_ERR_UNSUPPORTED, "gguf_tier=3 (prefill) is not built yet; the decode tier (2) serves every m");
+    }
+    // what only this tier needs: element-aligned x and y, 32-bit row and block indices
+    if (!is_aligned(a->x, dtype_bytes(a->x_dtype))) {
+        return set_error(QG_ERR_INVALID_ARGUMENT, "x is not aligned to its %d-byte element", dtype_bytes(a->x_dtype));
+    }
+    if (!is_aligned(a->y, dtype_bytes(a->y_dtype))) {
+        return set_error(QG_ERR_INVALID_ARGUMENT, "y is not aligned to its %d-byte element", dtype_bytes(a->y_dtype));
+    }
+    if (a->n > INT32_MAX || a->k > INT32_MAX) {
+        return set_error(QG_ERR_INVALID_ARGUMENT, "n=%lld or k=%lld exceeds the gguf GPU tier's limit of %d",
+                         (long long)a->n, (long long)a->k, INT32_MAX);
+    }
+    const Chunks c = chunks_of(a->m);
+    const int launches = (int)(c.full + (c.tail > 0 ? 1 : 0));
+    LaunchOp op = {ctx, a, 0, (hipStream_t)stream, launches};
+    for (int64_t i = 0; i < c.full; ++i) {
+        op.m0 = i * kMaxMTile;
+        const qg_status st = dispatch(a->format, kMaxMTile, op);
+        if (st != QG_OK) return st;
+    }
+    if (c.tail > 0) {
+        op.m0 = c.full * kMaxMTile;
+        return dispatch(a->format, c.tail, op);
+    }
+    return QG_OK;
+}
+
+}  // namespace qg
