@@ -67,6 +67,9 @@ NP_DTYPE = {F32: np.dtype(np.float32), F16: np.dtype(np.float16),
 DTYPE_BYTES = {F32: 4, F16: 2, BF16: 2, I32: 4, U8: 1, U4X8: 4}
 NOT_ENUM = (-1, 6, 7, 100, 2 ** 31 - 1, -2 ** 31)          # no qg_dtype / qg_format value
 HUGE = (2 ** 31 + 8, 2 ** 40, 2 ** 62, 2 ** 63 - 64)         # only ever next to another fault
+# a refusal caused by a huge size may name any size or stride that enters the extent
+SIZE_FIELDS = ("m", "n", "k", "ldx", "ldy", "ldw", "num_tokens", "top_k", "num_experts", "hidden",
+               "intermediate")
 # num_tokens: T * top_k must stay inside int64 here (beyond it: tests/test_overflow.py)
 HUGE_TOKENS = (2 ** 31 + 8, 2 ** 40)
 GUARD = 64                                                  # guard band bytes on each side
@@ -87,7 +90,8 @@ def examples(n: int) -> int:
 
 FUZZ_SETTINGS = dict(deadline=None, database=None, print_blob=True,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                            HealthCheck.filter_too_much])
+                                            HealthCheck.filter_too_much,
+                                            HealthCheck.function_scoped_fixture])
 
 # ---------------------------------------------------------------- case counter + summary
 
@@ -277,6 +281,12 @@ def names_field(msg: str, fields) -> bool:
 
 # ---------------------------------------------------------------- host memory
 
+# pointer modes: "ok" (64-byte aligned), "shift" (+4 bytes: aligned for every element
+# type, but not to 16 bytes: vector-load paths must fall back), "mis" (+1 byte: misaligned
+# for every type wider than a byte), "null"
+OFFSET = {"mis": 1, "shift": 4}
+
+
 class Mem:
     """The buffers of one case. Inputs: exactly their size (+1 byte when misaligned).
     Outputs: random guard bands on both sides, payload 64-byte aligned (+1 when
@@ -290,9 +300,9 @@ class Mem:
     def _bytes(self, n):
         return self.rng.integers(0, 256, size=n, dtype=np.uint8)
 
-    def input(self, name, arr, mode="ok"):
+    def input(self, name, arr, mode="ok", host=False):
         raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-        mis = 1 if mode == "mis" else 0
+        mis = OFFSET.get(mode, 0)
         store = np.empty(raw.size + mis, np.uint8)
         if store.ctypes.data % 64:  # rare: keep the aligned case aligned
             big = np.empty(raw.size + mis + 64, np.uint8)
@@ -303,17 +313,22 @@ class Mem:
         self.bufs[name] = (store, mis, raw.size, "in")
         return None if mode == "null" else store.ctypes.data + mis
 
-    def output(self, name, nbytes, mode="ok"):
+    def output(self, name, nbytes, mode="ok", host=False, zero=False):
         nbytes = int(max(nbytes, 0))
-        store = np.empty(GUARD + 64 + 1 + nbytes + GUARD, np.uint8)
-        start = GUARD + (-(store.ctypes.data + GUARD)) % 64 + (1 if mode == "mis" else 0)
+        store = np.empty(GUARD + 64 + 4 + nbytes + GUARD, np.uint8)
+        start = GUARD + (-(store.ctypes.data + GUARD)) % 64 + OFFSET.get(mode, 0)
         store[:] = self._bytes(store.size)
+        if zero:
+            store[start:start + nbytes] = 0
         self.bufs[name] = (store, start, nbytes, "out")
         return None if mode == "null" else store.ctypes.data + start
 
     def raw_ptr(self, name):
         store, off, _, _ = self.bufs[name]
         return store.ctypes.data + off
+
+    def host_store_changed(self, name):
+        pass  # the next drive() takes a fresh snapshot
 
     def snapshot(self):
         self.before = {k: v[0].copy() for k, v in self.bufs.items()}
@@ -330,13 +345,166 @@ class Mem:
             before = self.before[name]
             diff = store != before
             if name in allowed:
-                diff[off:off + nbytes] &= ~allowed[name]
+                if allowed[name] is True:  # the whole payload may change (a workspace)
+                    diff[off:off + nbytes] = False
+                else:
+                    diff[off:off + nbytes] &= ~allowed[name]
             if diff.any():
                 i = int(np.argmax(diff))
                 where = ("guard band before" if i < off else
                          "guard band after" if i >= off + nbytes else f"payload byte {i - off}")
                 raise AssertionError(f"buffer {name!r} changed at {where} "
                                      f"({int(diff.sum())} bytes changed)")
+
+
+class DevMem:
+    """Mem with the data buffers in device memory of a GPU context (qg_malloc, every
+    buffer between random guard bands, inputs included); args structs and the size_t of
+    a workspace query stay in host memory (host=True)."""
+
+    def __init__(self, rng, gpu):
+        self.rng, self.gpu = rng, gpu
+        self.host = Mem(rng)
+        self.bufs = {}   # name -> (base pointer, total bytes, payload offset, payload bytes)
+
+    def _put(self, name, payload, mode, zero=False):
+        off = GUARD + OFFSET.get(mode, 0)
+        total = off + payload.size + GUARD
+        init = self.rng.integers(0, 256, total, dtype=np.uint8)
+        init[off:off + payload.size] = 0 if zero else payload
+        base = self.gpu.alloc(total)
+        self.gpu.upload_to(base, init)
+        self.bufs[name] = (base, total, off, payload.size)
+        return None if mode == "null" else base + off
+
+    def input(self, name, arr, mode="ok", host=False):
+        if host:
+            return self.host.input(name, arr, mode)
+        return self._put(name, np.ascontiguousarray(arr).reshape(-1).view(np.uint8), mode)
+
+    def output(self, name, nbytes, mode="ok", host=False, zero=False):
+        if host:
+            return self.host.output(name, nbytes, mode, zero=zero)
+        return self._put(name, np.zeros(int(max(nbytes, 0)), np.uint8), mode, zero=zero)
+
+    def host_store_changed(self, name):
+        pass
+
+    def _all(self, name):
+        base, total, _, _ = self.bufs[name]
+        return self.gpu.download_from(base, total)
+
+    def snapshot(self):
+        self.host.snapshot()
+        self.before = {k: self._all(k) for k in self.bufs}
+
+    def payload(self, name, dtype):
+        if name in self.host.bufs:
+            return self.host.payload(name, dtype)
+        _, _, off, nbytes = self.bufs[name]
+        return self._all(name)[off:off + nbytes].view(dtype)
+
+    def check_untouched(self, allowed=None):
+        allowed = allowed or {}
+        self.host.check_untouched({k: v for k, v in allowed.items() if k in self.host.bufs})
+        for name, (_, _, off, nbytes) in self.bufs.items():
+            diff = self._all(name) != self.before[name]
+            if name in allowed:
+                if allowed[name] is True:  # the whole payload may change (a workspace)
+                    diff[off:off + nbytes] = False
+                else:
+                    diff[off:off + nbytes] &= ~allowed[name]
+            if diff.any():
+                i = int(np.argmax(diff))
+                where = ("guard band before" if i < off else
+                         "guard band after" if i >= off + nbytes else f"payload byte {i - off}")
+                raise AssertionError(f"device buffer {name!r} changed at {where} "
+                                     f"({int(diff.sum())} bytes changed)")
+
+
+class CpuEnv:
+    gpu = False
+
+    def mem(self, rng):
+        return Mem(rng)
+
+    def ctx(self, threads):
+        return make_ctx(threads)
+
+
+CPU_ENV = CpuEnv()
+
+
+class GpuEnv:
+    """The GEMM cases on a GPU context, in-process (a GPU context does not survive fork)."""
+    gpu = True
+
+    def __init__(self):
+        for backend in (L.Backend.QG_BACKEND_CUDA, L.Backend.QG_BACKEND_HIP):
+            n = ctypes.c_int(0)
+            L.qg_device_count(backend, ctypes.byref(n))
+            if n.value:
+                self.context = L.qg_context_p()
+                L.qg_context_create(backend, 0, ctypes.byref(self.context))
+                break
+        else:
+            pytest.skip("no GPU device")
+        self.ptrs = []
+
+    def mem(self, rng):
+        return DevMem(rng, self)
+
+    def ctx(self, threads):
+        return self.context
+
+    def alloc(self, nbytes):
+        p = ctypes.c_void_p()
+        L.qg_malloc(self.context, max(nbytes, 1), ctypes.byref(p))
+        self.ptrs.append(p.value)
+        return p.value
+
+    def upload_to(self, ptr, arr):
+        L.qg_memcpy(self.context, ptr, arr.ctypes.data, arr.nbytes, L.CopyKind.QG_COPY_HOST_TO_DEVICE, None)
+        L.qg_stream_synchronize(self.context, None)
+
+    def download_from(self, ptr, nbytes):
+        out = np.empty(nbytes, np.uint8)
+        L.qg_stream_synchronize(self.context, None)
+        L.qg_memcpy(self.context, out.ctypes.data, ptr, nbytes, L.CopyKind.QG_COPY_DEVICE_TO_HOST, None)
+        return out
+
+    def free_all(self):
+        L.qg_stream_synchronize(self.context, None)
+        for p in self.ptrs:
+            L.qg_free(self.context, p)
+        self.ptrs = []
+
+    def close(self):
+        self.free_all()
+        L.qg_context_destroy(self.context)
+
+
+WORKSPACE_FREE = {"workspace": True}  # scratch of a GPU call: its bytes may change, not its guards
+
+
+def workspace_step(env, mem, fn_name, query, ctx, pa, struct, wexp):
+    """The *_workspace_size query (same checks minus the data pointers, plus `bytes`);
+    on a GPU context a zeroed workspace of that size is then put in the args."""
+    wbytes = mem.output("workspace_bytes", 8, host=True)
+    need = []
+
+    def verify_ws():
+        got = int(mem.payload("workspace_bytes", np.uint64)[0])
+        mem.check_untouched({"workspace_bytes": np.ones(8, bool)})
+        if not env.gpu:
+            assert got == 0, f"the CPU tier asks for a workspace of {got} bytes"
+        assert got < 2 ** 40, f"{fn_name}: absurd workspace size {got}"
+        need.append(got)
+    drive(fn_name, lambda: call(query, ctx, pa, ctypes.cast(wbytes, ctypes.POINTER(ctypes.c_size_t))),
+          wexp, mem, verify_ws)
+    if env.gpu and need and need[0] > 0:
+        ws = mem.output("workspace", need[0], zero=True)
+        rewrite_args(mem, pa, struct, ws, need[0])
 
 
 def elem_mask(nbytes, index, esize):
@@ -357,8 +525,19 @@ def args_pointer(mem, struct, mode, size):
     is then visible to ASan) and returns a typed pointer (or None)."""
     struct.size = size
     raw = np.frombuffer(bytes(struct), np.uint8)
-    ptr = mem.input("args", raw, "null" if mode == "null" else "ok")
+    ptr = mem.input("args", raw, "null" if mode == "null" else "ok", host=True)
     return None if ptr is None else ctypes.cast(ptr, ctypes.POINTER(type(struct)))
+
+
+def rewrite_args(mem, pa, struct, workspace, nbytes):
+    """Sets the workspace fields of the struct already copied to the args buffer."""
+    if pa is None:
+        return
+    struct.workspace, struct.workspace_bytes = workspace, nbytes
+    size = pa.contents.size
+    pa.contents = struct
+    pa.contents.size = size
+    mem.host_store_changed("args")
 
 
 def assert_close(name, got, ref, bound):
@@ -475,6 +654,7 @@ seeds = st.integers(0, 2 ** 63 - 1)
 THREADS = st.sampled_from([0, 1, 2, 3, 5])
 N_MUTATIONS = st.sampled_from([0, 0, 0, 1, 1, 2, 3])
 LD_PAD = st.sampled_from([0, 0, 1, 8, 13])
+ALIGNED = st.sampled_from(["ok", "ok", "ok", "shift"])  # valid pointer placements
 M_VALUES = st.sampled_from([1, 2, 3, 5, 8, 16, 17, 33, 257])
 
 
@@ -536,8 +716,8 @@ def w4a16_specs(draw):
              x_dtype=x_dtype, y_dtype=draw(st.sampled_from([x_dtype, F32])),
              scale_dtype=draw(st.sampled_from([F16, BF16])), zero_dtype=U4X8,
              ldx_pad=draw(LD_PAD), ldy_pad=draw(LD_PAD), huge=[])
-    s["ptr"] = {p: "ok" for p in ("x", "qweight", "scales", "y")}
-    s["ptr"]["qzeros"] = draw(st.sampled_from(["ok", "null"]))  # NULL = symmetric
+    s["ptr"] = {p: draw(ALIGNED) for p in ("x", "qweight", "scales", "y")}
+    s["ptr"]["qzeros"] = draw(st.sampled_from(["ok", "ok", "shift", "null"]))  # NULL = symmetric
     s["ldx"], s["ldy"] = s["k"] + s["ldx_pad"], s["n"] + s["ldy_pad"]
     for _ in range(draw(N_MUTATIONS)):
         what = draw(st.sampled_from(["m", "n", "k", "G", "x_dtype", "y_dtype", "scale_dtype",
@@ -594,10 +774,10 @@ def w4a16_expect(s, pointers=True):
     exp.bad(s["ptr"]["qzeros"] != "null" and s["zero_dtype"] != U4X8, "zero_dtype")
     exp.bad(s["ldx"] < k, "ldx")
     exp.bad(s["ldy"] < n, "ldy")
-    exp.open(bool(s["huge"]), *s["huge"])
+    exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)
     if pointers:
         for p in ("x", "qweight", "scales", "y"):
-            exp.bad(s["ptr"][p] != "ok", p)
+            exp.bad(s["ptr"][p] in ("null", "mis"), p)
         exp.bad(s["ptr"]["qzeros"] == "mis", "qzeros")
     if m == 0 and not (exp.hard and ("ctx" in exp.hard or "args" in exp.hard or "size" in exp.hard)):
         # empty problem: QG_OK at once is allowed even next to other faults
@@ -607,8 +787,8 @@ def w4a16_expect(s, pointers=True):
     return exp
 
 
-def w4a16_case(s):
-    rng, mem = rng_of(s), Mem(rng_of(s))
+def w4a16_case(s, env=CPU_ENV):
+    rng, mem = rng_of(s), env.mem(rng_of(s))
     exp = w4a16_expect(s)
     sane = is_sane(exp, s, ("m", "n", "k", "ldx", "ldy"))
     m, n, k, G = s["m"], s["n"], s["k"], s["G"]
@@ -637,26 +817,17 @@ def w4a16_case(s):
     a.y = mem.output("y", y_elems * DTYPE_BYTES[ydt], ptr["y"])
     size = struct_size(L.qg_w4a16_gemm_args, s["size_delta"])
     pa = args_pointer(mem, a, s["args_mode"], size)
-    ctx = None if s["ctx_null"] else make_ctx(s["threads"])
-
-    # the workspace query first: same checks minus the data pointers, plus `bytes`
-    wexp = w4a16_expect(s, pointers=False)
-    wbytes = mem.output("workspace_bytes", 8)
-    wptr = ctypes.cast(wbytes, ctypes.POINTER(ctypes.c_size_t))
-
-    def verify_ws():
-        got = int(mem.payload("workspace_bytes", np.uint64)[0])
-        assert got == 0, f"the CPU tier asks for a workspace of {got} bytes"
-        mem.check_untouched({"workspace_bytes": np.ones(8, bool)})
-    drive("qg_w4a16_gemm_workspace_size",
-          lambda: call(L.qg_w4a16_gemm_workspace_size, ctx, pa, wptr), wexp, mem, verify_ws)
+    ctx = None if s["ctx_null"] else env.ctx(s["threads"])
+    workspace_step(env, mem, "qg_w4a16_gemm_workspace_size", L.qg_w4a16_gemm_workspace_size, ctx, pa, a,
+                   w4a16_expect(s, pointers=False))
 
     def verify():
         if m == 0 or n <= 0:
-            mem.check_untouched()
+            mem.check_untouched(WORKSPACE_FREE)
             return
         idx = matrix_index(m, n, ldy)
-        mem.check_untouched({"y": elem_mask(y_elems * DTYPE_BYTES[ydt], idx, DTYPE_BYTES[ydt])})
+        mem.check_untouched({"y": elem_mask(y_elems * DTYPE_BYTES[ydt], idx, DTYPE_BYTES[ydt]),
+                             **WORKSPACE_FREE})
         y = mem.payload("y", NP_DTYPE[ydt])[idx].reshape(m, n)
         w = int4.dequantize(qweight, scales, None if ptr["qzeros"] == "null" else qzeros, G)
         assert_close("y", y, reference.gemm(x_dense, w), REL_BOUND[ydt])
@@ -684,7 +855,7 @@ def gguf_specs(draw):
     s["ldx"] = k + draw(LD_PAD)
     s["ldy"] = s["n"] + draw(LD_PAD)
     s["ldw"] = row + draw(st.sampled_from([0, 0, 2, 6, 64]))
-    s["ptr"] = {p: "ok" for p in ("x", "w", "y")}
+    s["ptr"] = {p: draw(ALIGNED) for p in ("x", "w", "y")}
     for _ in range(draw(N_MUTATIONS)):
         what = draw(st.sampled_from(["m", "n", "k", "format", "x_dtype", "y_dtype", "ldx", "ldy",
                                      "ldw", "ptr", "args", "huge"]))
@@ -743,10 +914,10 @@ def gguf_expect(s, pointers=True):
     exp.bad(s["y_dtype"] not in (s["x_dtype"], F32), "y_dtype")
     exp.bad(s["ldx"] < k, "ldx")
     exp.bad(s["ldy"] < n, "ldy")
-    exp.open(bool(s["huge"]), *s["huge"])
+    exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)
     if pointers:
         for p in ("x", "y"):
-            exp.bad(s["ptr"][p] != "ok", p)
+            exp.bad(s["ptr"][p] in ("null", "mis"), p)
         exp.bad(s["ptr"]["w"] == "null", "w")
         exp.open(s["ptr"]["w"] == "mis", "w")  # byte rows: the header asks no alignment
     if m == 0 and not (set(exp.hard) & {"ctx", "args", "size"}):
@@ -756,8 +927,8 @@ def gguf_expect(s, pointers=True):
     return exp
 
 
-def gguf_case(s):
-    rng, mem = rng_of(s), Mem(rng_of(s))
+def gguf_case(s, env=CPU_ENV):
+    rng, mem = rng_of(s), env.mem(rng_of(s))
     exp = gguf_expect(s)
     sane = is_sane(exp, s, ("m", "n", "k", "ldx", "ldy", "ldw"))
     m, n, k = s["m"], s["n"], s["k"]
@@ -784,24 +955,17 @@ def gguf_case(s):
     y_elems = (max(am, 1) - 1) * max(ldy, 0) + max(an, 0)
     a.y = mem.output("y", y_elems * DTYPE_BYTES[ydt], ptr["y"])
     pa = args_pointer(mem, a, s["args_mode"], struct_size(L.qg_gguf_gemm_args, s["size_delta"]))
-    ctx = None if s["ctx_null"] else make_ctx(s["threads"])
-
-    wbytes = mem.output("workspace_bytes", 8)
-
-    def verify_ws():
-        assert int(mem.payload("workspace_bytes", np.uint64)[0]) == 0, "CPU tier asks for a workspace"
-        mem.check_untouched({"workspace_bytes": np.ones(8, bool)})
-    drive("qg_gguf_gemm_workspace_size",
-          lambda: call(L.qg_gguf_gemm_workspace_size, ctx, pa,
-                       ctypes.cast(wbytes, ctypes.POINTER(ctypes.c_size_t))),
-          gguf_expect(s, pointers=False), mem, verify_ws)
+    ctx = None if s["ctx_null"] else env.ctx(s["threads"])
+    workspace_step(env, mem, "qg_gguf_gemm_workspace_size", L.qg_gguf_gemm_workspace_size, ctx, pa, a,
+                   gguf_expect(s, pointers=False))
 
     def verify():
         if m == 0 or n <= 0:
-            mem.check_untouched()
+            mem.check_untouched(WORKSPACE_FREE)
             return
         idx = matrix_index(m, n, ldy)
-        mem.check_untouched({"y": elem_mask(y_elems * DTYPE_BYTES[ydt], idx, DTYPE_BYTES[ydt])})
+        mem.check_untouched({"y": elem_mask(y_elems * DTYPE_BYTES[ydt], idx, DTYPE_BYTES[ydt]),
+                             **WORKSPACE_FREE})
         y = mem.payload("y", NP_DTYPE[ydt])[idx].reshape(m, n)
         w = fs.module.dequantize(np.ascontiguousarray(raw))
         assert_close(f"y ({fs.name})", y, reference.gemm(x_dense, w), REL_BOUND[ydt])
@@ -833,8 +997,8 @@ def mxfp4_specs(draw):
              bias_dtype=draw(st.sampled_from(FLOAT_DTYPES)), huge=[])
     s["ldx"] = s["k"] + draw(LD_PAD)
     s["ldy"] = s["n"] + draw(LD_PAD)
-    s["ptr"] = {p: "ok" for p in ("x", "blocks", "scales", "y")}
-    s["ptr"]["bias"] = draw(st.sampled_from(["ok", "null"]))  # NULL = no bias
+    s["ptr"] = {p: draw(ALIGNED) for p in ("x", "blocks", "scales", "y")}
+    s["ptr"]["bias"] = draw(st.sampled_from(["ok", "ok", "shift", "null"]))  # NULL = no bias
     for _ in range(draw(N_MUTATIONS)):
         what = draw(st.sampled_from(["m", "n", "k", "x_dtype", "y_dtype", "bias_dtype", "ldx",
                                      "ldy", "ptr", "args", "huge"]))
@@ -886,10 +1050,10 @@ def mxfp4_expect(s, pointers=True):
     exp.bad(has_bias and s["bias_dtype"] not in FLOAT_DTYPES, "bias_dtype")
     exp.bad(s["ldx"] < k, "ldx")
     exp.bad(s["ldy"] < n, "ldy")
-    exp.open(bool(s["huge"]), *s["huge"])
+    exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)
     if pointers:
         for p in ("x", "y"):
-            exp.bad(s["ptr"][p] != "ok", p)
+            exp.bad(s["ptr"][p] in ("null", "mis"), p)
         exp.bad(s["ptr"]["bias"] == "mis", "bias")
         for p in ("blocks", "scales"):
             exp.bad(s["ptr"][p] == "null", p)
@@ -901,8 +1065,8 @@ def mxfp4_expect(s, pointers=True):
     return exp
 
 
-def mxfp4_case(s):
-    rng, mem = rng_of(s), Mem(rng_of(s))
+def mxfp4_case(s, env=CPU_ENV):
+    rng, mem = rng_of(s), env.mem(rng_of(s))
     exp = mxfp4_expect(s)
     sane = is_sane(exp, s, ("m", "n", "k", "ldx", "ldy"))
     m, n, k = s["m"], s["n"], s["k"]
@@ -924,23 +1088,17 @@ def mxfp4_case(s):
     y_elems = (max(am, 1) - 1) * max(ldy, 0) + max(an, 0)
     a.y = mem.output("y", y_elems * DTYPE_BYTES[ydt], ptr["y"])
     pa = args_pointer(mem, a, s["args_mode"], struct_size(L.qg_mxfp4_gemm_args, s["size_delta"]))
-    ctx = None if s["ctx_null"] else make_ctx(s["threads"])
-    wbytes = mem.output("workspace_bytes", 8)
-
-    def verify_ws():
-        assert int(mem.payload("workspace_bytes", np.uint64)[0]) == 0, "CPU tier asks for a workspace"
-        mem.check_untouched({"workspace_bytes": np.ones(8, bool)})
-    drive("qg_mxfp4_gemm_workspace_size",
-          lambda: call(L.qg_mxfp4_gemm_workspace_size, ctx, pa,
-                       ctypes.cast(wbytes, ctypes.POINTER(ctypes.c_size_t))),
-          mxfp4_expect(s, pointers=False), mem, verify_ws)
+    ctx = None if s["ctx_null"] else env.ctx(s["threads"])
+    workspace_step(env, mem, "qg_mxfp4_gemm_workspace_size", L.qg_mxfp4_gemm_workspace_size, ctx, pa, a,
+                   mxfp4_expect(s, pointers=False))
 
     def verify():
         if m == 0 or n <= 0:
-            mem.check_untouched()
+            mem.check_untouched(WORKSPACE_FREE)
             return
         idx = matrix_index(m, n, ldy)
-        mem.check_untouched({"y": elem_mask(y_elems * DTYPE_BYTES[ydt], idx, DTYPE_BYTES[ydt])})
+        mem.check_untouched({"y": elem_mask(y_elems * DTYPE_BYTES[ydt], idx, DTYPE_BYTES[ydt]),
+                             **WORKSPACE_FREE})
         y = mem.payload("y", NP_DTYPE[ydt])[idx].reshape(m, n)
         # a pointer at +1 still points at our payload (the byte before it is slack)
         w = mxfp4.dequantize(blocks, scales)
@@ -1005,7 +1163,7 @@ def empty_tokens(exp, s):
 @st.composite
 def align_specs(draw):
     s = draw(moe_base())
-    s["ptr"] = {p: "ok" for p in ("topk_ids", "sorted_ids", "tile_experts", "num_sorted")}
+    s["ptr"] = {p: draw(ALIGNED) for p in ("topk_ids", "sorted_ids", "tile_experts", "num_sorted")}
     for _ in range(draw(N_MUTATIONS)):
         what = draw(st.sampled_from(["routing", "ids", "ptr", "args", "huge"]))
         if what == "routing":
@@ -1030,9 +1188,9 @@ def align_expect(s):
     common_expect(exp, s, L.qg_moe_align_args)
     routing_expect(exp, s)
     exp.bad(s["corrupt"] is not None, "topk_ids")
-    exp.open(bool(s["huge"]), "num_tokens", "top_k")
+    exp.open(bool(s["huge"]), "num_tokens", "top_k", *SIZE_FIELDS)
     for p, mode in s["ptr"].items():
-        exp.bad(mode != "ok", p)
+        exp.bad(mode in ("null", "mis"), p)
     empty_tokens(exp, s)
     return exp
 
@@ -1169,9 +1327,9 @@ def stage1_specs(draw):
              layout=draw(st.sampled_from([0, 1])),
              alpha=draw(st.sampled_from([1.702, 1.0, 0.25])), limit=draw(st.sampled_from([7.0, 1.5, 100.0])))
     s["ldx"] = s["H"] + draw(LD_PAD)
-    s["ptr"] = {p: "ok" for p in ("x", "sorted_ids", "tile_experts", "num_sorted", "w13_blocks",
+    s["ptr"] = {p: draw(ALIGNED) for p in ("x", "sorted_ids", "tile_experts", "num_sorted", "w13_blocks",
                                   "w13_scales", "act")}
-    s["ptr"]["w13_bias"] = draw(st.sampled_from(["ok", "null"]))
+    s["ptr"]["w13_bias"] = draw(st.sampled_from(["ok", "ok", "shift", "null"]))
     for _ in range(draw(N_MUTATIONS)):
         what = draw(st.sampled_from(["routing", "corrupt", "H", "I", "x_dtype", "bias_dtype", "ldx",
                                      "activation", "layout", "swiglu", "ptr", "args", "huge"]))
@@ -1232,9 +1390,9 @@ def stage1_expect(s):
         exp.open(not (math.isfinite(s["limit"]) and s["limit"] > 0), "swiglu_limit")
     has_bias = s["ptr"]["w13_bias"] != "null"
     exp.bad(has_bias and s["bias_dtype"] not in FLOAT_DTYPES, "bias_dtype")
-    exp.open(bool(s["huge"]), *s["huge"])
+    exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)
     for p in ("x", "sorted_ids", "tile_experts", "num_sorted", "act"):
-        exp.bad(s["ptr"][p] != "ok", p)
+        exp.bad(s["ptr"][p] in ("null", "mis"), p)
     exp.bad(s["ptr"]["w13_bias"] == "mis", "w13_bias")
     for p in ("w13_blocks", "w13_scales"):
         exp.bad(s["ptr"][p] == "null", p)
@@ -1319,9 +1477,9 @@ def stage2_specs(draw):
              act_dtype=draw(st.sampled_from(FLOAT_DTYPES)), y_dtype=draw(st.sampled_from(FLOAT_DTYPES)),
              bias_dtype=draw(st.sampled_from(FLOAT_DTYPES)))
     s["ldy"] = s["H"] + draw(LD_PAD)
-    s["ptr"] = {p: "ok" for p in ("act", "sorted_ids", "tile_experts", "num_sorted", "w2_blocks",
+    s["ptr"] = {p: draw(ALIGNED) for p in ("act", "sorted_ids", "tile_experts", "num_sorted", "w2_blocks",
                                   "w2_scales", "topk_weights", "y")}
-    s["ptr"]["w2_bias"] = draw(st.sampled_from(["ok", "null"]))
+    s["ptr"]["w2_bias"] = draw(st.sampled_from(["ok", "ok", "shift", "null"]))
     for _ in range(draw(N_MUTATIONS)):
         what = draw(st.sampled_from(["routing", "corrupt", "H", "I", "act_dtype", "y_dtype",
                                      "bias_dtype", "ldy", "ptr", "args", "huge"]))
@@ -1368,9 +1526,9 @@ def stage2_expect(s):
     has_bias = s["ptr"]["w2_bias"] != "null"
     exp.bad(has_bias and s["bias_dtype"] not in FLOAT_DTYPES, "bias_dtype")
     exp.bad(s["ldy"] < H, "ldy")
-    exp.open(bool(s["huge"]), *s["huge"])
+    exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)
     for p in ("act", "sorted_ids", "tile_experts", "num_sorted", "topk_weights", "y"):
-        exp.bad(s["ptr"][p] != "ok", p)
+        exp.bad(s["ptr"][p] in ("null", "mis"), p)
     exp.bad(s["ptr"]["w2_bias"] == "mis", "w2_bias")
     for p in ("w2_blocks", "w2_scales"):
         exp.bad(s["ptr"][p] == "null", p)
@@ -1749,6 +1907,52 @@ def misc_case(s):
 @given(misc_specs())
 def test_fuzz_small_entry_points(spec):
     run_case(f"qg_{spec['what']}", misc_case, spec)
+
+
+# ================================================================ GPU context (marked gpu)
+
+@pytest.fixture(scope="module")
+def gpu_env():
+    env = GpuEnv()  # skips without a GPU
+    yield env
+    env.close()
+
+
+def run_gpu_case(env, fn_name, case, spec):
+    """One case on the GPU context, in this process; a family without a GPU tier in this
+    build skips the test."""
+    CHILD_LOG.clear()
+    try:
+        case(spec, env)
+    except AssertionError as e:
+        if "QG_ERR_UNSUPPORTED" in str(e) and "no GPU tier" in str(e):
+            pytest.skip(f"{fn_name}: no GPU tier in this build")
+        raise
+    finally:
+        env.free_all()
+    for name, label in CHILD_LOG:
+        COUNTS[f"{name} (gpu)"][label] += 1
+
+
+@pytest.mark.gpu
+@settings(max_examples=examples(300), **FUZZ_SETTINGS)
+@given(spec=w4a16_specs())
+def test_fuzz_w4a16_gemm_gpu(gpu_env, spec):
+    run_gpu_case(gpu_env, "qg_w4a16_gemm", w4a16_case, spec)
+
+
+@pytest.mark.gpu
+@settings(max_examples=examples(300), **FUZZ_SETTINGS)
+@given(spec=gguf_specs())
+def test_fuzz_gguf_gemm_gpu(gpu_env, spec):
+    run_gpu_case(gpu_env, "qg_gguf_gemm", gguf_case, spec)
+
+
+@pytest.mark.gpu
+@settings(max_examples=examples(200), **FUZZ_SETTINGS)
+@given(spec=mxfp4_specs())
+def test_fuzz_mxfp4_gemm_gpu(gpu_env, spec):
+    run_gpu_case(gpu_env, "qg_mxfp4_gemm", mxfp4_case, spec)
 
 
 # ================================================================ known bugs, pinned
