@@ -336,9 +336,9 @@ def gpu():
 class GpuProblem:
     """A GEMM with device inputs, a device output and its own zeroed workspace."""
 
-    def __init__(self, gpu, kind, rng, i):
+    def __init__(self, gpu, kind, rng, i, m=None, fmt=None):
         self.gpu, self.kind = gpu, kind
-        m = [1, 2, 7, 16, 33, 64][i % 6]
+        m = [1, 2, 7, 16, 33, 64][i % 6] if m is None else m
         if kind == "w4a16":
             n, k, g = [4096, 1024, 2048][i % 3], [4096, 1024, 2048, 8192][i % 4], [32, 64, 128][i % 3]
             qw, sc, qz = int4.quantize(rng.standard_normal((n, k)).astype(np.float32), group_size=g,
@@ -354,7 +354,7 @@ class GpuProblem:
             self.ref = lambda: reference.gemm(x, int4.dequantize(qw, sc, qz if i % 4 else None, g))
         elif kind == "gguf":
             names = ["q8_0", "q4_0", "q4_K", "q6_K", "iq4_xs", "iq3_xxs"]
-            spec = FORMATS[names[i % len(names)]]
+            spec = FORMATS[names[i % len(names)] if fmt is None else fmt]
             n, k = 1536 + 8 * i, 2048
             raw = spec.module.random_blocks(rng, n, k, d_range=(1e-3, 1e-2))
             x = rng.standard_normal((m, k)).astype(np.float16)
@@ -482,3 +482,40 @@ def test_gpu_serial_results_match_the_reference(gpu, rng):
         assert np.isfinite(got).all(), f"{p.fn}: output not fully written"
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
         assert err <= 8e-3, f"{p.fn} {p.out}: normalised error {err:.3e}"
+
+
+GPU_KINDS = ["w4a16", "mxfp4"] + [n for n, f in FORMATS.items() if f.kind == "gguf"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 17, 33, 64])
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_gpu_workspace_serves_repeated_calls(gpu, rng, kind, m):
+    """quantgemm.h: a workspace zeroed once serves any number of calls on one stream (the
+    split-K arrival counters re-arm themselves). Three calls in a row on one workspace,
+    the output poisoned before each: every call writes the whole output, with the bits
+    of the first (which is checked against the reference, bound as in
+    test_gpu_serial_results_match_the_reference)."""
+    family = "gguf" if kind in FORMATS and FORMATS[kind].kind == "gguf" else kind
+    p = GpuProblem(gpu, family, rng, 1, m=m, fmt=kind if family == "gguf" else None)
+    first = None
+    for call_no in range(3):
+        p.poison(None)
+        try:
+            p.launch(None)
+        except L.QuantGemmError as e:
+            if e.status == L.Status.QG_ERR_UNSUPPORTED:
+                pytest.skip(str(e))
+            raise
+        L.qg_stream_synchronize(gpu.ctx, None)
+        y = p.result()
+        bad = np.argwhere(~np.isfinite(y.astype(np.float64)))
+        assert not bad.size, (f"{kind} m={m}: call {call_no + 1} on the same workspace left "
+                              f"{len(bad)} of {y.size} outputs unwritten (first at {tuple(bad[0])})")
+        if first is None:
+            ref = p.ref()
+            err = np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref)
+            assert err <= 8e-3, f"{kind} m={m}: normalised error {err:.3e}"
+            first = y
+        else:
+            assert_bits_equal(y, first, f"{kind} m={m}: call {call_no + 1} vs call 1")
