@@ -290,12 +290,14 @@ def moe_case(rng, where, activation, xdt):
     elif where == "gate-up-bias":
         plant(rng, bias13, 3)  # +-inf gate/up is clamped by SwiGLU-OAI, not by SiLU-GLU
     elif where == "scales":
-        s13.reshape(-1)[rng.choice(s13.size, 1)] = 255
-        s2.reshape(-1)[rng.choice(s2.size, 1)] = 255
+        # in experts some token is routed to (an unused expert's NaN reaches nothing)
+        s13[ids[rng.integers(T), 0], rng.integers(2 * I), rng.integers(H // 32)] = 255
+        s2[ids[rng.integers(T), 1], rng.integers(H), rng.integers(I // 32)] = 255
     elif where == "topk_weights":
         plant(rng, wts, 2)
     elif where == "down-bias":
-        plant(rng, bias2, 2)
+        for _ in range(2):
+            bias2[ids[rng.integers(T), rng.integers(top_k)], rng.integers(H)] = rng.choice(np.array(NONFINITE))
     return dict(T=T, E=E, top_k=top_k, H=H, I=I, tile_m=tile_m, ids=ids, wts=wts, x=x, b13=b13, s13=s13,
                 b2=b2, s2=s2, bias13=bias13, bias2=bias2, activation=activation, xdt=xdt)
 
