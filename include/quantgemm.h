@@ -48,6 +48,14 @@
 extern "C" {
 #endif
 
+/* In C++ every enum gets int as its fixed underlying type, so that any int a caller passes
+ * (an unknown value included) is a valid object the library can check and refuse. */
+#ifdef __cplusplus
+#define QG_ENUM_BASE : int
+#else
+#define QG_ENUM_BASE
+#endif
+
 #define QG_VERSION_MAJOR 0
 #define QG_VERSION_MINOR 1
 #define QG_VERSION_PATCH 0
@@ -56,7 +64,7 @@ extern "C" {
 
 /* ------------------------------------------------------------------ status */
 
-typedef enum qg_status {
+typedef enum qg_status QG_ENUM_BASE {
     QG_OK = 0,
     QG_ERR_INVALID_ARGUMENT = 1, /* bad shape, pointer, enum, dtype, alignment */
     QG_ERR_UNSUPPORTED = 2,      /* valid request this build or device cannot serve */
@@ -83,13 +91,13 @@ QG_API const char* qg_build_info(void);
 
 /* ------------------------------------------------------------------ enums */
 
-typedef enum qg_backend {
+typedef enum qg_backend QG_ENUM_BASE {
     QG_BACKEND_CPU = 0,
     QG_BACKEND_CUDA = 1,
     QG_BACKEND_HIP = 2
 } qg_backend;
 
-typedef enum qg_dtype {
+typedef enum qg_dtype QG_ENUM_BASE {
     QG_DTYPE_F32 = 0,
     QG_DTYPE_F16 = 1,
     QG_DTYPE_BF16 = 2,
@@ -98,7 +106,7 @@ typedef enum qg_dtype {
     QG_DTYPE_U4X8 = 5 /* int32 words each holding 8 unsigned 4-bit values, nibble i = bits 4i..4i+3 */
 } qg_dtype;
 
-typedef enum qg_format {
+typedef enum qg_format QG_ENUM_BASE {
     QG_FORMAT_INT4 = 0,   /* W4A16 group-quantized, canonical layout below */
     QG_FORMAT_Q8_0 = 1,   /* GGUF, 32 per block, 34 bytes  */
     QG_FORMAT_Q4_0 = 2,   /* GGUF, 32 per block, 18 bytes  */
@@ -112,18 +120,18 @@ typedef enum qg_format {
 /* Elements per block and bytes per block of a format (int4: 8 and 4, one packed word). */
 QG_API qg_status qg_format_block(qg_format format, int32_t* block_elems, int32_t* block_bytes);
 
-typedef enum qg_activation {
+typedef enum qg_activation QG_ENUM_BASE {
     QG_ACT_SILU_GLU = 0,   /* silu(gate) * up */
     QG_ACT_SWIGLU_OAI = 1  /* GPT-OSS: g = min(gate, limit), u = clamp(up, -limit, limit),
                               g * sigmoid(alpha * g) * (u + 1) */
 } qg_activation;
 
-typedef enum qg_gate_up_layout {
+typedef enum qg_gate_up_layout QG_ENUM_BASE {
     QG_GATE_UP_CONCAT = 0,     /* rows 0..I-1 are gate, rows I..2I-1 are up */
     QG_GATE_UP_INTERLEAVED = 1 /* row 2i is gate i, row 2i+1 is up i (GPT-OSS checkpoints) */
 } qg_gate_up_layout;
 
-typedef enum qg_copy_kind {
+typedef enum qg_copy_kind QG_ENUM_BASE {
     QG_COPY_HOST_TO_HOST = 0,
     QG_COPY_HOST_TO_DEVICE = 1,
     QG_COPY_DEVICE_TO_HOST = 2,
@@ -147,7 +155,7 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
 /* Tuning and testing knobs; they never change results beyond the documented tolerance.
  *   "cpu_threads"  : worker threads of the CPU backend (0 = all hardware threads)
  *   "w4a16_tier"   : 0 auto, 1 portable SIMT tier, 2 decode (matrix units), 3 prefill (GPU backends)
- *   "gguf_tier"    : 0 auto, 1 portable SIMT tier, 2 decode, 3 prefill
+ *   "gguf_tier"    : 0 auto, 2 decode, 3 prefill (GPU backends; no portable SIMT tier yet)
  *   "split_k"      : 0 auto, else the split-K factor forced on decode tiers
  * An unknown name or an out-of-range value is QG_ERR_INVALID_ARGUMENT. */
 QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_t value);
@@ -209,7 +217,8 @@ QG_API qg_status qg_w4a16_gemm(qg_context* ctx, const qg_w4a16_gemm_args* args, 
 /*
  * y[M, N] = x[M, K] @ dequant(W)[N, K]^T for a GGUF block format.
  * w holds N rows; row n starts at byte n * ldw and holds K / block_elems blocks exactly as
- * a .gguf file stores them (ldw >= (K / block_elems) * block_bytes). K % block_elems == 0.
+ * a .gguf file stores them (ldw >= (K / block_elems) * block_bytes, ldw even and w 2-byte
+ * aligned: the blocks hold fp16 scales). K % block_elems == 0.
  * x fp32, fp16 or bf16; y x_dtype or fp32. Any N >= 1.
  */
 typedef struct qg_gguf_gemm_args {

@@ -220,6 +220,8 @@ QG_ARGS_INFO(qg_moe_stage2_args)
 template <class T>
 qg_status read_args(const T* in, T* out) {
     QG_CHECK(in != nullptr, "args is NULL");
+    QG_CHECK(reinterpret_cast<uintptr_t>(in) % alignof(T) == 0, "args=%p is not %zu-byte aligned (%s)",
+             static_cast<const void*>(in), alignof(T), ArgsInfo<T>::name);
     QG_CHECK(in->size >= ArgsInfo<T>::first_size,
              "args->size=%zu is smaller than the oldest known struct (%s is %zu bytes)", in->size,
              ArgsInfo<T>::name, ArgsInfo<T>::first_size);

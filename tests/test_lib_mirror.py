@@ -56,7 +56,7 @@ def _functions():
 
 def _enums():
     return [(m.group(3), [(a, int(b)) for a, b in re.findall(r"(QG_\w+)\s*=\s*(\d+)", m.group(2))])
-            for m in re.finditer(r"typedef\s+enum\s+(\w+)\s*\{(.*?)\}\s*(\w+)\s*;", _source(), re.S)]
+            for m in re.finditer(r"typedef\s+enum\s+(\w+)\s*(?:QG_ENUM_BASE\s*)?\{(.*?)\}\s*(\w+)\s*;", _source(), re.S)]
 
 
 def _structs():

@@ -619,9 +619,6 @@ def test_row_strides_past_2_to_the_31_elements_gpu(dev, rng, fn):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason="src/gpu/w4a16_launch.cpp stores n and k in int (Params.n/k, "
-                   "total_sc): K = 2^31 + 512 wraps negative and the call returns QG_OK with y = 0 "
-                   "(seen on the H200); must refuse k > INT32_MAX or index in 64 bits (owner: lead)")
 def test_w4a16_k_past_2_to_the_31_gpu(dev):
     """K = 2^31 + 512: x is 4 GiB, qweight 8 GiB for N = 8 rows. Every nibble is 9 (w = s
     with zero 8), x is zero except at four positions spread over the whole K (two past
