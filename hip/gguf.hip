@@ -1,6 +1,6 @@
-// GGUF block-format GEMM, decode tier (M <= 8 rows of x per launch), HIP dialect.
+// GGUF block-format GEMM, decode tier (up to 4 rows of x per launch), HIP dialect.
 //
-//   y[m, n] = sum_k x[m, k] * dequant(W)[n, k]     m < MT <= 8, n < N, k < K
+//   y[m, n] = sum_k x[m, k] * dequant(W)[n, k]     m < MT <= 4, n < N, k < K
 //
 // The weight is read exactly as a .gguf file stores it: row n starts at byte n * ldw
 // and holds K / BE blocks of BB bytes (Q8_0, Q4_0, Q4_K, Q6_K, IQ4_XS, IQ3_XXS; the
@@ -10,19 +10,20 @@
 // Decode is memory bound (one byte of weight feeds a handful of FMAs), so the design
 // is about bytes:
 //   * Each warp streams R whole rows of W (R = 2 at MT <= 2, so that one x value read
-//     from shared memory feeds two rows). A row is read a "step" (WC blocks) at a time:
-//     every lane issues several wide loads (16, 8, 4 or 2 bytes: the widest that
-//     the alignment of w and ldw allows) of contiguous bytes, all in flight before
-//     first use, and stores them to a per-warp shared buffer. Blocks of 210, 98, 34
-//     or 18 bytes are not 16-byte aligned; the buffer absorbs that: lanes then decode
-//     from shared memory with whatever indexing the format needs ("jobs", below).
+//     from shared memory feeds two rows). A row is read a "step" (WC blocks) at a time
+//     into a per-warp shared buffer: the lanes copy contiguous bytes with the widest
+//     unit that the alignment of w and ldw allows (16, 8, 4 or 2 bytes). Blocks of
+//     210, 98, 34 or 18 bytes are not 16-byte aligned; the buffer absorbs that: lanes
+//     then decode from shared memory with whatever indexing the format needs ("jobs").
+//     On NVIDIA sm_80+ the copy is cp.async into two buffers, so the next step is in
+//     flight while the current one is decoded; elsewhere it goes through registers.
 //   * x[0:MT, k-range] is staged once per thread block as fp32 in shared memory and
 //     shared by all warps of the block (warps of a block work on different rows of
 //     the same k-range). Q4_K also stages the sum of x over every 32-element
 //     sub-block, for its "- dmin * m" term.
-//   * When N is small, K is split across blockIdx.y (split_k); partial sums go to a
-//     caller workspace and the last block of each row tile to arrive adds them in a
-//     fixed order (deterministic), writes y and resets its arrival counter to zero.
+//   * K may be split across blockIdx.y (split_k); partial sums go to a caller
+//     workspace and the last block of each row tile to arrive adds them in a fixed
+//     order (deterministic), writes y and resets its arrival counter to zero.
 //
 // Numerics. x is converted to fp32, products are accumulated in fp32 and y is
 // rounded once at the end (round to nearest even). Scale factors are applied per
@@ -214,11 +215,20 @@ static_assert(ksigns_is_parity_completion(), "ksigns[i] == i | parity(i) << 7");
 
 // ------------------------------------------------------------------ formats
 //
-// Each format decodes "jobs": a lane's unit of work, JE consecutive-in-the-block
-// elements of one block, decoded for the warp's R rows at once (same k, so x is read
-// once for R rows). A block has kJobsPerBlock jobs; a step of WC blocks has
-// WC * kJobsPerBlock = kJobsPerLane * warp_size jobs, lane j taking jobs j, j + warp, ...
-// (consecutive lanes read consecutive bytes: few shared-memory bank conflicts).
+// Each format decodes "jobs": a lane's unit of work, a fixed set of elements of one
+// block (whole sub-blocks, so that one scale applies to each partial sum), decoded for
+// the warp's R rows at once (same k, so x is read once for R rows). A block has
+// kJobsPerBlock jobs; a step of WC blocks has WC * kJobsPerBlock = kJobsPerLane * warp
+// jobs, lane j taking jobs j, j + warp, ... (consecutive lanes read consecutive bytes:
+// few shared-memory bank conflicts). With a 32-wide warp:
+//
+//   format   job                               elements  jobs/block  jobs/lane  WC  step bytes
+//   Q8_0     the block                               32          1          1   32        1088
+//   Q4_0     the block                               32          1          2   64        1152
+//   Q4_K     qs[32c..32c+31]: sub-blocks 2c, 2c+1    64          4          1    8        1152
+//   Q6_K     half h, 16-byte column p (below)        64          4          1    8        1680
+//   IQ4_XS   sub-blocks 2c, 2c+1                     64          4          1    8        1088
+//   IQ3_XXS  sub-block s                             32          8          2    8         784
 //
 // job(wb, off, part, x, xst, xsum, sst, grid, acc):
 //   wb[r]   shared buffer of row r; the block starts at byte `off` (2-aligned; 16-aligned

@@ -14,6 +14,11 @@
 
 #include <atomic>
 
+// This file is the GPU tier: compiled only in GPU builds, where CMake defines
+// QG_HAVE_GPU; defined here too so that the file also compiles on its own.
+#if !defined(QG_HAVE_GPU)
+#define QG_HAVE_GPU 1
+#endif
 #include "tiers.h"
 #include "gguf.hip"
 
@@ -30,9 +35,9 @@ using gguf::kMaxMTile;
 // Speed only: results never depend on these (tests force split_k through
 // qg_context_set_option("split_k", ...) to exercise every path).
 
-// Bytes of fp32 x (plus Q4_K's sums) staged per thread block. MT <= 2 keeps a whole
-// 6144-element k-range per block (K = 5376 needs no split) and, with the weight
-// buffers, about 50 KB per block: 4 blocks = 32 warps per H200 SM.
+// Bytes of fp32 x (plus Q4_K's sums) staged per thread block. MT <= 2: a whole
+// 6144-element k-range per block (K = 5376 needs no split); with the double-buffered
+// row buffers that is 60-80 KB per block: 3 (2 for Q6_K) blocks of 8 warps per H200 SM.
 constexpr int kXStageBytesSmall = 24 * 1024;   // MT <= 2
 constexpr int kXStageBytesLarge = 40 * 1024;   // MT >= 3 (one row per warp: smaller buffers)
 constexpr int kMaxAutoSplitK = 16;
@@ -50,12 +55,12 @@ int smem_per_sm(const qg_context* ctx)
     return 64 * 1024;
 #else
     const int cc = ctx->cc_major * 10 + ctx->cc_minor;
-    if (cc >= 100 && cc < 120) return 228 * 1024;    // sm_100
-    if (cc >= 90) return cc >= 120 ? 100 * 1024 : 228 * 1024;   // sm_90 / sm_120
-    if (cc == 80 || cc == 87) return 164 * 1024;
-    if (cc >= 86) return 100 * 1024;                  // sm_86, sm_89
+    if (cc >= 120) return 100 * 1024;              // sm_120 (consumer Blackwell)
+    if (cc >= 90) return 228 * 1024;               // sm_90 (H100, H200), sm_100
+    if (cc == 80 || cc == 87) return 164 * 1024;   // A100, Orin
+    if (cc >= 86) return 100 * 1024;               // sm_86, sm_89
     if (cc == 75) return 64 * 1024;
-    return 96 * 1024;
+    return 96 * 1024;                              // sm_70
 #endif
 }
 
@@ -113,8 +118,20 @@ struct Plan {
     bool async;        // cp.async double-buffered kernel (NVIDIA sm_80+, load_bytes >= 4, one x chunk)
     int blocks_per_sm; // occupancy estimate behind `tiles`
     size_t dyn_smem;   // dynamic shared memory bytes
-    size_t ws_bytes;   // workspace bytes: counters[tiles] (16-aligned), partial[split_k][mt][N]
+    size_t ws_bytes;   // workspace bytes (split_k > 1): counter region, then partial[split_k][mt][N]
 };
+
+// The split-K workspace starts with one arrival counter per possible row tile of this
+// context (tiles <= resident blocks <= SMs x the largest launch-bounds floor), at a
+// fixed place for every shape: a workspace reused sequentially for other shapes (an
+// engine's one scratch buffer for every layer) never has partial sums where another
+// call's counters live. Every call leaves its counters at zero.
+constexpr int kMaxBlocksPerSm = 3;   // >= every Tune<MT>::kMinBlocks
+size_t counter_region_bytes(const qg_context* ctx)
+{
+    const size_t slots = (size_t)(ctx->sm_count > 0 ? ctx->sm_count : 1) * kMaxBlocksPerSm;
+    return align16(slots * 4);
+}
 
 // The cp.async kernel exists in CUDA builds (sm_80+ devices); HIP builds have only the
 // synchronous one.
@@ -132,8 +149,11 @@ int static_smem(bool async)
     return async ? gguf::static_smem_bytes<FMT, MT, true>(32) : gguf::static_smem_bytes<FMT, MT, false>(32);
 }
 
+// The configuration of one launch. load_bytes is the widest load the rows allow
+// (load_bytes_for); the workspace query passes both extremes so that its answer does not
+// depend on the weight pointer.
 template <int FMT, int MT>
-Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a)
+Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a, int load_bytes)
 {
     typedef Format<FMT> F;
     Plan pl = {};
@@ -149,28 +169,53 @@ Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a)
 
     // The kernel variant: cp.async needs 4-byte aligned rows and x staged once per split
     // (the auto split below guarantees the latter; a forced split may not).
-    pl.load_bytes = load_bytes_for(a->w, a->ldw);
+    pl.load_bytes = load_bytes;
     const bool async_ok = async_capable(ctx) && pl.load_bytes >= 4;
 
     // resident blocks per SM: the launch-bounds floor, or fewer if shared memory says so
     const int smem_block = static_smem<FMT, MT>(async_ok) + x_budget + kSmemReservedPerBlock;
+    static_assert(Tune<MT>::kMinBlocks <= kMaxBlocksPerSm, "counter region covers every tile");
     int bps = smem_per_sm(ctx) / smem_block;
     bps = bps < 1 ? 1 : bps > Tune<MT>::kMinBlocks ? Tune<MT>::kMinBlocks : bps;
     pl.blocks_per_sm = bps;
     const int64_t slots = (int64_t)(ctx->sm_count > 0 ? ctx->sm_count : 1) * bps;
 
+    // Split K and row tiles. All blocks are resident at once (tiles * split_k <= slots),
+    // so the time is that of the busiest warp: ceil(groups of its tile / warps) groups,
+    // each of ceil(nb / split) blocks = ceil(that / WC) steps. A step costs a round of
+    // jobs whether or not it is full (idle lanes still take issue slots) and its bytes,
+    // so the auto split minimizes the busiest warp's steps, then its blocks, then the
+    // split itself, with every split's x fitting the staging buffer.
+    const int64_t wc = gguf::step_blocks<FMT>(32);
+    const int64_t groups = ceil_div(n, pl.rows_per_warp);
+    auto tiles_for = [&](int64_t split) {
+        int64_t t = slots / split;
+        if (t > groups) t = groups;
+        return t < 1 ? (int64_t)1 : t;
+    };
+    auto busiest_warp = [&](int64_t split, int64_t* blocks) {
+        const int64_t g = ceil_div(ceil_div(ceil_div(n, tiles_for(split)), pl.rows_per_warp), warps);
+        *blocks = g * ceil_div(nb, split);
+        return g * ceil_div(ceil_div(nb, split), wc);
+    };
     int64_t split;
     if (ctx->split_k > 0) {
         split = ctx->split_k;
         pl.split_forced = true;
     } else {
-        // fewer R-row groups than resident warps: split K so that every warp streams bytes
-        const bool few_rows = n < slots * warps * pl.rows_per_warp;
-        split = few_rows ? ceil_div(slots * warps * pl.rows_per_warp, n) : 1;
-        // a split's x must fit the staging buffer: split further rather than re-stage x
-        const int64_t fit = ceil_div(nb, kxb_cap);
-        if (split < fit) split = fit;
-        if (split > kMaxAutoSplitK) split = kMaxAutoSplitK;
+        const int64_t min_split = ceil_div(nb, kxb_cap);   // x of a split must fit: no re-staging
+        const int64_t max_split = nb < kMaxAutoSplitK ? nb : kMaxAutoSplitK;
+        split = min_split < max_split ? min_split : max_split;
+        int64_t best_blocks = 0, best_steps = busiest_warp(split, &best_blocks);
+        for (int64_t s = split + 1; s <= max_split; ++s) {
+            int64_t blocks = 0;
+            const int64_t steps = busiest_warp(s, &blocks);
+            if (steps < best_steps || (steps == best_steps && blocks < best_blocks)) {
+                best_steps = steps;
+                best_blocks = blocks;
+                split = s;
+            }
+        }
     }
     if (split > nb) split = nb;               // every split keeps at least one block
     if (split > kMaxGridY) split = kMaxGridY;
@@ -180,17 +225,11 @@ Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a)
     const int64_t split_blocks = ceil_div(nb, split);
     pl.kxb = (int)(split_blocks < kxb_cap ? split_blocks : kxb_cap);
     pl.x_chunks = (int)ceil_div(split_blocks, pl.kxb);
-
-    // tiles: the resident slots shared by the splits, never more than row groups
-    int64_t tiles = slots / split;
-    const int64_t groups = ceil_div(n, pl.rows_per_warp);
-    if (tiles > groups) tiles = groups;
-    if (tiles < 1) tiles = 1;
-    pl.tiles = (int)tiles;
+    pl.tiles = (int)tiles_for(split);
 
     pl.async = async_ok && pl.x_chunks == 1;
     pl.dyn_smem = (size_t)gguf::dynamic_smem_bytes<FMT, MT>(pl.kxb * F::BE);
-    pl.ws_bytes = pl.split_k > 1 ? align16((size_t)pl.tiles * 4) + (size_t)pl.split_k * MT * (size_t)n * 4 : 0;
+    pl.ws_bytes = pl.split_k > 1 ? counter_region_bytes(ctx) + (size_t)pl.split_k * MT * (size_t)n * 4 : 0;
     return pl;
 }
 
@@ -253,24 +292,22 @@ qg_status launch_kernel(const qg_context* ctx, const Plan& pl, hipStream_t strea
 
 template <int FMT, int MT>
 struct Tier {
-    static size_t workspace(const qg_context* ctx, const qg_gguf_gemm_args* a) { return make_plan<FMT, MT>(ctx, a).ws_bytes; }
+    // Bytes for any weight pointer: the larger of the two kernel variants' needs.
+    static size_t workspace(const qg_context* ctx, const qg_gguf_gemm_args* a)
+    {
+        const size_t fast = make_plan<FMT, MT>(ctx, a, 16).ws_bytes, slow = make_plan<FMT, MT>(ctx, a, 2).ws_bytes;
+        return fast > slow ? fast : slow;
+    }
 
     // Launches rows [m0, m0 + MT) of x.
     static qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, int64_t m0, hipStream_t stream,
                             int launches)
     {
-        const Plan pl = make_plan<FMT, MT>(ctx, a);
-        if (pl.ws_bytes > 0) {
-            if (a->workspace == nullptr || a->workspace_bytes < pl.ws_bytes) {
-                return set_error(QG_ERR_INVALID_ARGUMENT,
-                                 "workspace_bytes=%zu is smaller than the %zu bytes the gguf decode tier needs for "
-                                 "m=%lld n=%lld k=%lld (split_k=%d): size it with qg_gguf_gemm_workspace_size",
-                                 a->workspace == nullptr ? (size_t)0 : a->workspace_bytes, pl.ws_bytes,
-                                 (long long)a->m, (long long)a->n, (long long)a->k, pl.split_k);
-            }
-            if (((uintptr_t)a->workspace & 3) != 0) {
-                return set_error(QG_ERR_INVALID_ARGUMENT, "workspace is not 4-byte aligned (gguf split-K counters)");
-            }
+        const Plan pl = make_plan<FMT, MT>(ctx, a, load_bytes_for(a->w, a->ldw));
+        if (pl.ws_bytes > 0 && (a->workspace == nullptr || a->workspace_bytes < pl.ws_bytes)) {
+            // gpu_gguf_gemm checked the workspace against the query before any launch
+            return set_error(QG_ERR_INTERNAL, "gguf decode plan needs %zu workspace bytes, more than the query's %zu",
+                             pl.ws_bytes, a->workspace_bytes);
         }
         if (m0 == 0 && log_enabled()) {
             char name[16];
@@ -292,7 +329,7 @@ struct Tier {
         p.ldy = a->ldy;
         uint8_t* ws = static_cast<uint8_t*>(a->workspace);
         p.counters = pl.ws_bytes > 0 ? reinterpret_cast<uint32_t*>(ws) : nullptr;
-        p.partial = pl.ws_bytes > 0 ? reinterpret_cast<float*>(ws + align16((size_t)pl.tiles * 4)) : nullptr;
+        p.partial = pl.ws_bytes > 0 ? reinterpret_cast<float*>(ws + counter_region_bytes(ctx)) : nullptr;
         p.n = (int)a->n;
         p.nb = (int)(a->k / Format<FMT>::BE);
         p.m_valid = (int)(a->m - m0 < MT ? a->m - m0 : MT);
@@ -379,16 +416,39 @@ qg_status gpu_gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_st
     if (ctx->gguf_tier == 3) {
         return set_error(QG_ERR_UNSUPPORTED, "gguf_tier=3 (prefill) is not built yet; the decode tier (2) serves every m");
     }
-    // what only this tier needs: element-aligned x and y, 32-bit row and block indices
+    // what only this tier needs: element-aligned x and y, 2-byte aligned rows of w,
+    // 32-bit row and block indices
     if (!is_aligned(a->x, dtype_bytes(a->x_dtype))) {
         return set_error(QG_ERR_INVALID_ARGUMENT, "x is not aligned to its %d-byte element", dtype_bytes(a->x_dtype));
     }
     if (!is_aligned(a->y, dtype_bytes(a->y_dtype))) {
         return set_error(QG_ERR_INVALID_ARGUMENT, "y is not aligned to its %d-byte element", dtype_bytes(a->y_dtype));
     }
+    if ((((uintptr_t)a->w) | (uint64_t)a->ldw) & 1) {
+        return set_error(QG_ERR_INVALID_ARGUMENT,
+                         "w and ldw=%lld must be even for the gguf GPU tier (every row starts 2-byte aligned, as "
+                         "the fp16 scales of every block are)",
+                         (long long)a->ldw);
+    }
     if (a->n > INT32_MAX || a->k > INT32_MAX) {
         return set_error(QG_ERR_INVALID_ARGUMENT, "n=%lld or k=%lld exceeds the gguf GPU tier's limit of %d",
                          (long long)a->n, (long long)a->k, INT32_MAX);
+    }
+    // The workspace, before any launch (an error must leave y untouched): at least what
+    // the size query returns for these arguments, 4-byte aligned, zero-filled before its
+    // first use (every call leaves its split-K counters at zero again).
+    const size_t need = gpu_gguf_gemm_workspace(ctx, a);
+    if (need > 0) {
+        if (a->workspace == nullptr || a->workspace_bytes < need) {
+            return set_error(QG_ERR_INVALID_ARGUMENT,
+                             "workspace_bytes=%zu is smaller than the %zu bytes qg_gguf_gemm_workspace_size returns "
+                             "for m=%lld n=%lld k=%lld on this context",
+                             a->workspace == nullptr ? (size_t)0 : a->workspace_bytes, need, (long long)a->m,
+                             (long long)a->n, (long long)a->k);
+        }
+        if (((uintptr_t)a->workspace & 3) != 0) {
+            return set_error(QG_ERR_INVALID_ARGUMENT, "workspace is not 4-byte aligned (gguf split-K counters)");
+        }
     }
     const Chunks c = chunks_of(a->m);
     const int launches = (int)(c.full + (c.tail > 0 ? 1 : 0));
