@@ -17,18 +17,13 @@ a hang fails the test instead of blocking it. GPU variants are marked `gpu`.
 from __future__ import annotations
 
 import ctypes
-import faulthandler
 import os
-import pickle
-import select
-import signal
-import time
-import traceback
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+from isolation import run_isolated
 from pyquant import _lib as L
 from pyquant.formats import FORMATS, int4, mxfp4, reference
 
@@ -38,7 +33,6 @@ F32, F16, BF16 = 0, 1, 2
 NP = {F32: np.dtype(np.float32), F16: np.dtype(np.float16), BF16: np.dtype(ml_dtypes.bfloat16)}
 DT_IDS = {F32: "f32", F16: "f16", BF16: "bf16"}
 NONFINITE = (np.nan, np.inf, -np.inf)
-TIME_LIMIT = 60.0  # seconds; these calls take milliseconds, so only a hang reaches it
 
 # Bounds on the finite elements, ||y - y_ref|| / ||y_ref|| over the positions where the
 # reference is finite: fp32 accumulation (K <= 512: about sqrt(K) * 2^-24 < 2e-6) plus
@@ -49,49 +43,6 @@ REL_BOUND = {F32: 2e-5, F16: 1e-3, BF16: 8e-3}
 GGUF_D_OFFSET = {"q8_0": 0, "q4_0": 0, "q4_K": 0, "q6_K": 208, "iq4_xs": 0, "iq3_xxs": 0}
 
 
-def run_isolated(fn, timeout=TIME_LIMIT):
-    """fn() in a forked child: its result, or an AssertionError for a crash, a sanitizer
-    abort, a hang past `timeout` or a failed assertion."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            faulthandler.disable()
-            try:
-                out = ("ok", fn())
-            except BaseException as e:  # noqa: BLE001
-                out = ("fail", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
-            data = memoryview(pickle.dumps(out))
-            while data:
-                data = data[os.write(w, data):]
-        finally:
-            os._exit(0)
-    os.close(w)
-    chunks, deadline = [], time.monotonic() + timeout
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise AssertionError(f"the call did not return within {timeout:.0f} s (hang)")
-            chunk = os.read(r, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(r)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        raise AssertionError(f"the call crashed the process with {signal.Signals(os.WTERMSIG(status)).name}")
-    if not chunks:
-        raise AssertionError(f"the process exited with status {os.WEXITSTATUS(status)} "
-                             "(a sanitizer report, if any, is in the captured stderr)")
-    kind, value = pickle.loads(b"".join(chunks))
-    if kind == "fail":
-        raise AssertionError(value)
-    return value
 
 
 def cpu_ctx():
