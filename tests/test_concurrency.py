@@ -22,6 +22,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from raw_gpu import RawGpu
 from pyquant import _lib as L
 from pyquant.formats import FORMATS, int4, mxfp4, reference
 
@@ -285,50 +286,9 @@ def test_last_error_of_a_new_thread_is_empty():
 
 # ---------------------------------------------------------------- GPU streams
 
-class Gpu:
-    def __init__(self):
-        for backend in (L.Backend.QG_BACKEND_CUDA, L.Backend.QG_BACKEND_HIP):
-            n = ctypes.c_int(0)
-            L.qg_device_count(backend, ctypes.byref(n))
-            if n.value:
-                self.ctx = L.qg_context_p()
-                L.qg_context_create(backend, 0, ctypes.byref(self.ctx))
-                break
-        else:
-            pytest.skip("no GPU device")
-        self.ptrs = []
-
-    def alloc(self, nbytes, fill=None):
-        p = ctypes.c_void_p()
-        L.qg_malloc(self.ctx, max(nbytes, 1), ctypes.byref(p))
-        self.ptrs.append(p.value)
-        if fill is not None:
-            L.qg_memset(self.ctx, p.value, fill, nbytes, None)
-            L.qg_stream_synchronize(self.ctx, None)
-        return p.value
-
-    def upload(self, arr):
-        arr = np.ascontiguousarray(arr)
-        p = self.alloc(arr.nbytes)
-        L.qg_memcpy(self.ctx, p, arr.ctypes.data, arr.nbytes, L.CopyKind.QG_COPY_HOST_TO_DEVICE, None)
-        L.qg_stream_synchronize(self.ctx, None)
-        return p
-
-    def download(self, p, shape, dtype):
-        out = np.empty(shape, dtype)
-        L.qg_memcpy(self.ctx, out.ctypes.data, p, out.nbytes, L.CopyKind.QG_COPY_DEVICE_TO_HOST, None)
-        return out
-
-    def close(self):
-        L.qg_stream_synchronize(self.ctx, None)
-        for p in self.ptrs:
-            L.qg_free(self.ctx, p)
-        L.qg_context_destroy(self.ctx)
-
-
 @pytest.fixture
 def gpu():
-    g = Gpu()
+    g = RawGpu()
     yield g
     g.close()
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 from isolation import run_isolated
+from raw_gpu import RawGpu
 from pyquant import _lib as L
 from pyquant.formats import FORMATS, int4, mxfp4, reference
 
@@ -441,59 +441,9 @@ def test_int4_weight_over_2_to_the_31_elements_cpu(rng):
 
 # ================================================================ GPU
 
-class Device:
-    """A GPU context of the library and device buffers through qg_malloc/qg_memcpy (no
-    other GPU package needed)."""
-
-    def __init__(self):
-        for backend in (L.Backend.QG_BACKEND_CUDA, L.Backend.QG_BACKEND_HIP):
-            n = ctypes.c_int(0)
-            L.qg_device_count(backend, ctypes.byref(n))
-            if n.value:
-                self.ctx = L.qg_context_p()
-                L.qg_context_create(backend, 0, ctypes.byref(self.ctx))
-                break
-        else:
-            pytest.skip("no GPU device")
-        self.ptrs = []
-
-    def alloc(self, nbytes, fill=None):
-        p = ctypes.c_void_p()
-        L.qg_malloc(self.ctx, nbytes, ctypes.byref(p))
-        self.ptrs.append(p.value)
-        if fill is not None:
-            L.qg_memset(self.ctx, p.value, fill, nbytes, None)
-        return p.value
-
-    def upload(self, arr, at=None, offset=0):
-        arr = np.ascontiguousarray(arr)
-        if at is None:
-            at = self.alloc(arr.nbytes)
-        L.qg_memcpy(self.ctx, at + offset, arr.ctypes.data, arr.nbytes, L.CopyKind.QG_COPY_HOST_TO_DEVICE, None)
-        return at
-
-    def download(self, ptr, shape, dtype, offset=0):
-        out = np.empty(shape, dtype)
-        L.qg_stream_synchronize(self.ctx, None)
-        L.qg_memcpy(self.ctx, out.ctypes.data, ptr + offset, out.nbytes, L.CopyKind.QG_COPY_DEVICE_TO_HOST, None)
-        return out
-
-    def workspace(self, fn, args):
-        size = ctypes.c_size_t(0)
-        getattr(L, fn + "_workspace_size")(self.ctx, ctypes.byref(args), ctypes.byref(size))
-        if size.value:
-            args.workspace = self.alloc(size.value, fill=0)
-            args.workspace_bytes = size.value
-
-    def close(self):
-        for p in self.ptrs:
-            L.qg_free(self.ctx, p)
-        L.qg_context_destroy(self.ctx)
-
-
 @pytest.fixture
 def dev():
-    d = Device()
+    d = RawGpu()
     yield d
     d.close()
 
