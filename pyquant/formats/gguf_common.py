@@ -132,3 +132,21 @@ def ls_scale(x: np.ndarray, q: np.ndarray, axis=-1):
     s = np.where(safe, xq / np.where(safe, qq, 1), 0).astype(np.float32)
     err = np.where(safe, xx - xq * xq / np.where(safe, qq, 1), xx)
     return s, err
+
+
+def normalised_subblocks(W, block_elems: int, name: str, sub: int):
+    """Setup of a per-sub-block scale search: W [N, K] checked and viewed as
+    x [N, K/block_elems, block_elems/sub, sub]; the search runs on each super-block divided
+    by its largest |x| (no float32 overflow in the squared errors of huge weights, no
+    underflow for tiny ones). Returns (x, norm, xn, vmax): norm [N, nb, 1, 1] (1 for an
+    all-zero super-block), xn = x / norm, vmax [N, nb, subs, 1] the signed element of
+    largest magnitude of each normalised sub-block."""
+    W = check_weight(W, block_elems, name)
+    n, k = W.shape
+    x = W.reshape(n, k // block_elems, block_elems // sub, sub)
+    norm = np.abs(x).max(axis=(-2, -1), keepdims=True)
+    norm = np.where(norm > 0, norm, np.float32(1))
+    xn = x / norm
+    imax = np.abs(xn).argmax(axis=-1)[..., None]
+    return x, norm, xn, np.take_along_axis(xn, imax, axis=-1)
+

@@ -68,17 +68,8 @@ def quantize(W: np.ndarray) -> np.ndarray:
     the sub-block scale of largest magnitude, stored as sc = -128), sc = clip(round(s/d),
     -128, 127), then q = clip(round(x / (d*sc)), -32, 31) + 32 against the stored scales.
     """
-    W = gc.check_weight(W, BLOCK_ELEMS, NAME)
-    n, k = W.shape
-    nb = k // BLOCK_ELEMS
-    x = W.reshape(n, nb, 16, SUB)
-    # The search runs on each super-block divided by its largest |x| (no float32 overflow
-    # in the squared errors of huge weights, no underflow for tiny ones).
-    norm = np.abs(x).max(axis=(-2, -1), keepdims=True)
-    norm = np.where(norm > 0, norm, np.float32(1))
-    xn = x / norm
-    imax = np.abs(xn).argmax(axis=-1)[..., None]
-    vmax = np.take_along_axis(xn, imax, axis=-1)                              # [N, nb, 16, 1]
+    x, norm, xn, vmax = gc.normalised_subblocks(W, BLOCK_ELEMS, NAME, SUB)
+    n, nb = x.shape[:2]
     best_err = np.full(vmax.shape[:-1], np.inf, dtype=np.float32)
     best_s = np.zeros(vmax.shape[:-1], dtype=np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
