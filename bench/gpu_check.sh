@@ -2,7 +2,7 @@
 # One call on the GPU machine: build the CUDA tier, run the GPU tests, compute-sanitizer,
 # and the benchmark; full logs under $OUT, a short summary last.
 #
-#   bench/gpu_check.sh [build] [test] [memcheck] [racecheck] [profile] [bench] [record]
+#   bench/gpu_check.sh [build] [test] [memcheck] [racecheck] [profile] [bench] [record] [compare]
 #   (no stage named = build test memcheck bench)
 #
 # Environment: QG_BENCH_ARGS (extra arguments for `python -m pyquant bench`),
@@ -73,9 +73,17 @@ if has bench; then
 fi
 
 if has record; then
+    # golden protocol: every case measured 3 times, reproducible entries only as truth
     python3 -m pyquant bench ${QG_BENCH_ARGS:-} --record "$OUT/h200.json" > "$OUT/record.log" 2>&1
     summary+=("record rc=$?")
     tail -60 "$OUT/record.log"
+fi
+
+if has compare; then
+    # a second run against the golden just recorded must report no reproduced regression
+    python3 -m pyquant bench ${QG_BENCH_ARGS:-} --compare "$OUT/h200.json" > "$OUT/compare.log" 2>&1
+    summary+=("compare rc=$? (0: no reproduced regression)")
+    tail -30 "$OUT/compare.log"
 fi
 
 echo "---- gpu_check summary"
