@@ -68,6 +68,21 @@ class LibraryNotFoundError(QuantGemmError, ImportError):
 
 # ---------------------------------------------------------------- library loading
 
+def _installed_library() -> Path | None:
+    """The library file of the installed pyquant distribution. Needed when this module is
+    imported from a source checkout that shadows the installed package (`pip install .`
+    then `python -m pyquant ...` in the checkout: the checkout's pyquant/ has no library)."""
+    from importlib import metadata
+    try:
+        files = metadata.distribution("pyquant").files or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name == _LIB_NAME:
+            return Path(f.locate()).resolve()
+    return None
+
+
 def _candidate_paths() -> list[Path]:
     env = os.environ.get("PYQUANT_LIB")
     if env:
@@ -78,7 +93,11 @@ def _candidate_paths() -> list[Path]:
         p = Path(d)
         if p not in dirs:
             dirs.append(p)
-    return [d / _LIB_NAME for d in dirs]
+    paths = [d / _LIB_NAME for d in dirs]
+    installed = _installed_library()
+    if installed is not None and installed not in paths:
+        paths.append(installed)
+    return paths
 
 
 def _load():
