@@ -2,34 +2,26 @@
 # One call on the GPU machine: build the CUDA tier, run the GPU tests, compute-sanitizer,
 # and the benchmark; full logs under $OUT, a short summary last.
 #
-#   bench/gpu_check.sh [build] [test] [memcheck] [racecheck] [profile] [bench] [record] [compare]
+#   bench/gpu_check.sh [build] [test] [memcheck] [racecheck] [initcheck] [synccheck] [profile]
+#                      [bench] [record] [compare]
 #   (no stage named = build test memcheck bench)
 #
 # Environment: QG_BENCH_ARGS (extra arguments for `python -m pyquant bench`),
-# QG_TEST_ARGS (extra pytest arguments), QG_CUDA_ARCHS (default 90a).
+# QG_TEST_ARGS (extra pytest arguments of the test stage), QG_SANITIZE_ARGS (of the
+# compute-sanitizer stages, see bench/gpu_sanitize.sh), QG_CUDA_ARCHS (default 90a).
 # Missing pure-Python packages (gguf) travel as wheels in .whl/ (see README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/qg_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+. bench/gpu_env.sh
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build test memcheck bench)
 has() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 summary=()
-
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYQUANT_LIB=$PWD/build-gpu/libquantgemm.so
 
 if has build; then
     t0=$(date +%s)
-    { cmake -S . -B build-gpu -G Ninja -DQG_GPU=cuda -DCMAKE_BUILD_TYPE=Release \
-          -DQG_CUDA_ARCHS="${QG_CUDA_ARCHS:-90a}" && cmake --build build-gpu -j16; } \
-        > "$OUT/build.log" 2>&1
+    qg_build_gpu "$OUT/build.log"
     rc=$?
     summary+=("build rc=$rc ($(( $(date +%s) - t0 )) s)")
     if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; printf '%s\n' "${summary[@]}"; exit 1; fi
@@ -43,17 +35,13 @@ if has test; then
     summary+=("gpu tests rc=$? : $(tail -1 "$OUT/gpu_tests.log")")
 fi
 
-if has memcheck; then
-    compute-sanitizer --tool memcheck --error-exitcode 9 \
-        python3 -m pytest -q -x -m gpu tests ${QG_TEST_ARGS:-} > "$OUT/memcheck.log" 2>&1
-    summary+=("memcheck rc=$? : $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(tail -1 "$OUT/memcheck.log")")
-fi
-
-if has racecheck; then
-    compute-sanitizer --tool racecheck --error-exitcode 9 \
-        python3 -m pytest -q -x -m gpu -k "w4a16 and not 4104" tests > "$OUT/racecheck.log" 2>&1
-    summary+=("racecheck rc=$? : $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1)")
-fi
+# compute-sanitizer stages run through bench/gpu_sanitize.sh on the library just built
+for tool in memcheck racecheck initcheck synccheck; do
+    if has $tool; then
+        bench/gpu_sanitize.sh $tool > "$OUT/sanitize_$tool.out" 2>&1
+        summary+=("$tool rc=$? : $(grep -E "^$tool rc=" "$OUT/sanitize_$tool.out" | tail -1)")
+    fi
+done
 
 if has profile; then
     # one kernel under ncu per case: duration, DRAM and SM throughput, occupancy

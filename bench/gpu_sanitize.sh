@@ -24,9 +24,7 @@
 # Each stage takes a few minutes; run them as separate calls where a call is time-limited.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/qg_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+. bench/gpu_env.sh
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build memcheck racecheck initcheck)
 summary=()
@@ -40,13 +38,6 @@ CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}
 [ -z "$CS" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && CS=/usr/local/cuda/bin/compute-sanitizer
 if [ -z "$CS" ]; then echo "compute-sanitizer not found (set COMPUTE_SANITIZER)"; exit 2; fi
 
-# pure-Python wheels that the machine cannot download (see bench/gpu_check.sh)
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-
 for stage in "${stages[@]}"; do
     case "$stage" in
     build)
@@ -55,9 +46,7 @@ for stage in "${stages[@]}"; do
             continue
         fi
         t0=$(date +%s)
-        { cmake -S . -B build-gpu -G Ninja -DQG_GPU=cuda -DCMAKE_BUILD_TYPE=Release \
-              -DQG_CUDA_ARCHS="${QG_CUDA_ARCHS:-90a}" && cmake --build build-gpu -j16; } \
-            > "$OUT/sanitize_build.log" 2>&1
+        qg_build_gpu "$OUT/sanitize_build.log"
         rc=$?
         summary+=("build rc=$rc ($(( $(date +%s) - t0 )) s)")
         if [ $rc -ne 0 ]; then tail -40 "$OUT/sanitize_build.log"; printf '%s\n' "${summary[@]}"; exit 1; fi
