@@ -364,7 +364,19 @@ def _c_strides(shape, itemsize) -> tuple:
     return tuple(reversed(strides))
 
 
-class DeviceView:
+class _Shaped:
+    """ndim and size from `shape`, shared by DeviceView and DeviceArray."""
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+class DeviceView(_Shaped):
     """A non-owning description of memory: pointer, shape, byte strides, dtype, where it
     lives, the context (None for foreign arrays) and the producer's stream (CAI v3)."""
 
@@ -402,13 +414,6 @@ class DeviceView:
             dt = want
         return cls(ptr, shape, dt, strides, ctx=None, on_device=True, owner=obj, stream=stream)
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
@@ -497,7 +502,7 @@ def parse_cuda_array_interface(cai: Any, name: str = "array"):
     return ptr, shape, strides, dtype, (int(stream) if stream is not None else None)
 
 
-class DeviceArray:
+class DeviceArray(_Shaped):
     """Memory allocated with qg_malloc in a context, freed when collected.
 
     On a GPU context it is device memory with __cuda_array_interface__ v3; on the CPU
@@ -562,14 +567,6 @@ class DeviceArray:
         _lib.qg_memcpy(self.ctx.handle, dst, src, nbytes, kind, stream_handle(stream))
 
     # -- description
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
     @property
     def strides(self) -> tuple:
         return _c_strides(self.shape, self.dtype.itemsize)
