@@ -75,14 +75,17 @@ def _to_host(a, ctx: Context | None) -> np.ndarray:
         return a
     if isinstance(a, DeviceArray):
         return a.to_numpy()
-    # a DeviceView: C-contiguous (checked at construction); copy through a context
+    # a DeviceView, C-contiguous or with padded rows (non-negative byte strides): copy the
+    # bytes it spans through a context, then keep the elements the strides select
     c = a.ctx if a.ctx is not None else (ctx or gpu_context())
-    host = np.empty(a.shape, dtype=a.dtype)
-    if a.nbytes:
-        kind = c.copy_kind(dst_on_device=False, src_on_device=a.on_device)
-        _lib.qg_memcpy(c.handle, host.ctypes.data, a.ptr, a.nbytes, kind, None)
-        c.synchronize()
-    return host
+    if not a.nbytes:
+        return np.empty(a.shape, dtype=a.dtype)
+    span = a.dtype.itemsize + sum((n - 1) * st for n, st in zip(a.shape, a.strides))
+    raw = np.empty(span, np.uint8)
+    kind = c.copy_kind(dst_on_device=False, src_on_device=a.on_device)
+    _lib.qg_memcpy(c.handle, raw.ctypes.data, a.ptr, span, kind, None)
+    c.synchronize()
+    return np.ndarray(a.shape, a.dtype, buffer=raw, strides=a.strides).copy()
 
 
 class _Weight:
@@ -336,6 +339,23 @@ class GGUFWeight(_Weight):
 
     def _replace(self, **arrays):
         return GGUFWeight(self.format, arrays["raw"], self.shape)
+
+    def to_device(self, ctx: Context | None = None, row_align: int | None = 16):
+        """The same weight in `ctx` (default_context()), each row starting `row_align`
+        bytes after the previous one (blocks unchanged; the zero padding is never read),
+        so that the GPU decode tier copies rows with 16-byte loads: raw Q6_K and IQ3_XXS
+        rows are otherwise only 2-byte aligned (docs/gguf-layout.md). The cost is one
+        host-side copy and at most row_align - 1 bytes per row. row_align=None keeps the
+        rows as they are."""
+        ctx = ctx if ctx is not None else default_context()
+        n, row_bytes = int(self.raw.shape[0]), int(self.raw.shape[1])
+        if row_align is None or self.ldw % row_align == 0:
+            return super().to_device(ctx)
+        ldw = -(-row_bytes // row_align) * row_align
+        padded = np.zeros((n, ldw), np.uint8)
+        padded[:, :row_bytes] = self._host("raw")
+        rows = DeviceArray.from_numpy(padded, ctx).window(0, 0, n, row_bytes)
+        return GGUFWeight(self.format, rows, self.shape)
 
     def dequantize(self) -> np.ndarray:
         """float32 [N, K] through the numpy reference (bit-exact with gguf.quants)."""

@@ -190,6 +190,26 @@ def test_gguf_padded_rows(rng, fmt, assert_close):
                  gemm_bound(k, F32), f"{fmt} padded rows")
 
 
+@pytest.mark.parametrize("fmt", GGUF_FORMATS)
+def test_gguf_to_device_pads_rows_to_16_bytes(rng, fmt, assert_close):
+    """to_device() places rows 16 bytes apart (raw Q6_K / IQ3_XXS rows of an odd block
+    count are 2-byte aligned); the padded copy gives the same GEMM and the same blocks.
+    A CPU context's device arrays are host memory, so this runs the device-array path."""
+    spec = F.get(fmt)
+    n, k = 7, 3 * spec.block_elems
+    raw = spec.module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
+    w = pyquant.GGUFWeight(fmt, raw)
+    ctx = pyquant.Context("cpu")
+    wd = w.to_device(ctx)
+    assert wd.ldw % 16 == 0 and wd.ldw - raw.shape[1] < 16 and wd.nbytes == w.nbytes
+    assert w.to_device(ctx, row_align=None).ldw == raw.shape[1]
+    assert np.array_equal(wd.to_host().raw, raw)
+    x = random_x(rng, 3, k, F32)
+    y = pyquant.gemm(pyquant.DeviceArray.from_numpy(x, ctx), wd).to_numpy()
+    assert_close(y, reference.gemm(x, spec.module.dequantize(raw)), gemm_bound(k, F32),
+                 f"{fmt} rows padded by to_device")
+
+
 # ---------------------------------------------------------------- MXFP4 dense
 
 @pytest.mark.parametrize("x_name", ["fp32", "fp16", "bf16"])
