@@ -603,7 +603,7 @@ QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_
     };
     static const Option options[] = {
         {"cpu_threads", &qg_context::cpu_threads, 0, 4096, "0 (all hardware threads) .. 4096"},
-        {"w4a16_tier", &qg_context::w4a16_tier, 0, 3, "0 auto, 1 reference, 2 decode, 3 prefill"},
+        {"w4a16_tier", &qg_context::w4a16_tier, 0, 3, "0 auto, 1 portable SIMT, 2 decode, 3 prefill"},
         {"gguf_tier", &qg_context::gguf_tier, 0, 3, "0 auto, 2 decode, 3 prefill"},
         {"split_k", &qg_context::split_k, 0, 256, "0 (auto) .. 256"},
     };
