@@ -150,3 +150,29 @@ def normalised_subblocks(W, block_elems: int, name: str, sub: int):
     imax = np.abs(xn).argmax(axis=-1)[..., None]
     return x, norm, xn, np.take_along_axis(xn, imax, axis=-1)
 
+
+def search_subblock_scales(xn, vmax, candidates, codes):
+    """Least-squares scale search per sub-block of xn [..., subs, sub]: for each candidate c
+    the elements are coded as codes(xn * c / vmax) (code values, same shape), the scale is
+    refit by least squares, and the lowest squared error wins. Returns the scales [..., subs]."""
+    best_err = np.full(vmax.shape[:-1], np.inf, dtype=np.float32)
+    best_s = np.zeros(vmax.shape[:-1], dtype=np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for c in candidates:
+            inv = np.where(vmax != 0, c / vmax, 0).astype(np.float32)
+            s, err = ls_scale(xn, codes(xn * inv))
+            better = err < best_err
+            best_err = np.where(better, err, best_err)
+            best_s = np.where(better, s, best_s)
+    return best_s
+
+
+def superblock_scale(best_s, norm, stored_max: float, name: str):
+    """Sub-block scales back to the weights' size (best_s * norm) and the fp16 super-block
+    scale d that stores the largest-magnitude one as `stored_max` (e.g. -32, -128).
+    Returns (scales [N, nb, subs], d16 [N, nb] float16)."""
+    best_s = best_s * norm[..., 0]
+    jmax = np.abs(best_s).argmax(axis=-1)[..., None]
+    smax = np.take_along_axis(best_s, jmax, axis=-1)[..., 0]
+    return best_s, to_f16(smax / np.float32(stored_max), name, "d")
+

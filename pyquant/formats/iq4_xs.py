@@ -75,20 +75,9 @@ def quantize(W: np.ndarray) -> np.ndarray:
     """
     x, norm, xn, vmax = gc.normalised_subblocks(W, BLOCK_ELEMS, NAME, SUB)
     n, nb = x.shape[:2]
-    best_err = np.full(vmax.shape[:-1], np.inf, dtype=np.float32)
-    best_s = np.zeros(vmax.shape[:-1], dtype=np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for c in _CANDIDATES:
-            inv = np.where(vmax != 0, c / vmax, 0).astype(np.float32)
-            v = _KV[gc.nearest_sorted(KVALUES_IQ4NL, xn * inv)]
-            s, err = gc.ls_scale(xn, v)
-            better = err < best_err
-            best_err = np.where(better, err, best_err)
-            best_s = np.where(better, s, best_s)
-    best_s = best_s * norm[..., 0]
-    jmax = np.abs(best_s).argmax(axis=-1)[..., None]
-    smax = np.take_along_axis(best_s, jmax, axis=-1)[..., 0]                 # [N, nb]
-    d16 = gc.to_f16(smax / np.float32(-32), NAME, "d")
+    best_s = gc.search_subblock_scales(xn, vmax, _CANDIDATES,
+                                       lambda t: _KV[gc.nearest_sorted(KVALUES_IQ4NL, t)])
+    best_s, d16 = gc.superblock_scale(best_s, norm, -32, NAME)
     d = d16.astype(np.float32)[..., None]
     with np.errstate(divide="ignore", invalid="ignore"):
         l = np.clip(np.rint(np.where(d != 0, best_s / d, 0)), -32, 31).astype(np.int8)
