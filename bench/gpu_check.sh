@@ -45,12 +45,14 @@ done
 
 if has profile; then
     # one kernel under ncu per case: duration, DRAM and SM throughput, occupancy
+    # (QG_PROFILE_KERNEL: ncu's -k filter; the GGUF int8 tier's kernel is gguf_mma_kernel)
     for c in ${QG_PROFILE_CASES:-"w4a16 43008 5376 1" "w4a16 43008 5376 16" "w4a16:32 14336 4096 4"}; do
-        QG_LOG=1 ncu --clock-control none -k regex:decode --launch-skip 2 --launch-count 1 \
-            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,launch__grid_size,launch__registers_per_thread \
+        QG_LOG=1 ncu --clock-control none -k ${QG_PROFILE_KERNEL:-regex:decode} --launch-skip 2 --launch-count 1 \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread \
             python3 bench/profile_gemm.py $c >> "$OUT/profile.log" 2>&1
     done
-    grep -E "quantgemm\]|decode|duration|dram__|sm__|inst_executed|grid_size|registers|^ok" "$OUT/profile.log" | tail -60
+    grep -E "quantgemm\]|decode|mma_kernel|Duration|Throughput|Stall|Warp Cycles|Occupancy|dram__|lts__|inst_executed|issue_active|grid_size|registers|^ok" "$OUT/profile.log" | tail -80
     summary+=("profile done")
 fi
 

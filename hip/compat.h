@@ -14,6 +14,7 @@
 #define QG_GPU_HIP 1
 #define QG_GPU_RUNTIME_NAME "hip"
 #define qg_device_trap() __builtin_trap()
+#define __shfl_sync_all(var, src_lane) __shfl((var), (src_lane))
 
 #else
 // ------------------------------------------------------------------ CUDA (nvcc)

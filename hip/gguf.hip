@@ -186,7 +186,7 @@ __device__ __forceinline__ uint32_t ld_u16(const uint8_t* buf, int off)
 // IQ3_XXS grid (256 entries, four magnitudes 4..62 per word, gguf's table via
 // tools/gen_iq_tables.py). Copied to shared memory by every block: lanes look up
 // unrelated entries, which constant memory would serialize.
-__constant__ uint32_t c_iq3xxs_grid[256] = QG_IQ3XXS_GRID;
+static __constant__ uint32_t c_iq3xxs_grid[256] = QG_IQ3XXS_GRID;
 
 // IQ4_NL codebook packed for byte permutes: word i holds kvalues[4i .. 4i+3] + 128 as
 // unsigned bytes (the +128 lets the 2^23 trick convert them; BIAS 128 takes it off).
@@ -1101,7 +1101,7 @@ __global__ void __launch_bounds__(kThreads, Tune<MT>::kMinBlocks) gguf_decode_ke
     if (p.split_k == 1) return;
 
     // Split-K: the last of the split_k blocks of this row tile adds the partial sums in
-    // split order (deterministic), writes y and re-arms the counter for the next call.
+    // split order (deterministic), writes y, zeroes them and re-arms the counter.
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) s_last = atomicAdd(&p.counters[tile], 1u) == (unsigned)(p.split_k - 1);
@@ -1111,9 +1111,12 @@ __global__ void __launch_bounds__(kThreads, Tune<MT>::kMinBlocks) gguf_decode_ke
     const int rows = t.r_end - t.r_begin;
     for (int i = threadIdx.x; i < p.m_valid * rows; i += kThreads) {
         const int m = i / rows, n = t.r_begin + (i - m * rows);
-        const volatile float* part = p.partial + (int64_t)m * p.n + n;
+        volatile float* part = p.partial + (int64_t)m * p.n + n;
         float sum = 0.0f;
-        for (int s = 0; s < p.split_k; ++s) sum += part[(int64_t)s * MT * p.n];
+        for (int s = 0; s < p.split_k; ++s) {   // read, then cleared: the call leaves its workspace zeroed
+            sum += part[(int64_t)s * MT * p.n];
+            part[(int64_t)s * MT * p.n] = 0.0f;
+        }
         store_y(p.y, m * p.ldy + n, sum, p.y_dtype);
     }
     if (threadIdx.x == 0) p.counters[tile] = 0;

@@ -155,7 +155,9 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
 /* Tuning and testing knobs; they never change results beyond the documented tolerance.
  *   "cpu_threads"  : worker threads of the CPU backend (0 = all hardware threads)
  *   "w4a16_tier"   : 0 auto, 1 portable SIMT tier, 2 decode (matrix units), 3 prefill (GPU backends)
- *   "gguf_tier"    : 0 auto, 2 decode, 3 prefill (GPU backends; no portable SIMT tier yet)
+ *   "gguf_tier"    : 0 auto, 1 float decode (x kept in fp32; portable), 2 int8 decode (x quantized
+ *                    to int8 per 32 elements as ggml's q8_1, integer mma; NVIDIA sm_80+, w and
+ *                    ldw multiples of 16), 3 prefill (GPU backends). Auto takes 2 where it can.
  *   "split_k"      : 0 auto, else the split-K factor forced on decode tiers
  * An unknown name or an out-of-range value is QG_ERR_INVALID_ARGUMENT. */
 QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_t value);

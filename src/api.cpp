@@ -604,14 +604,12 @@ QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_
     static const Option options[] = {
         {"cpu_threads", &qg_context::cpu_threads, 0, 4096, "0 (all hardware threads) .. 4096"},
         {"w4a16_tier", &qg_context::w4a16_tier, 0, 3, "0 auto, 1 portable SIMT, 2 decode, 3 prefill"},
-        {"gguf_tier", &qg_context::gguf_tier, 0, 3, "0 auto, 2 decode, 3 prefill"},
+        {"gguf_tier", &qg_context::gguf_tier, 0, 3, "0 auto, 1 float decode, 2 int8 mma decode, 3 prefill"},
         {"split_k", &qg_context::split_k, 0, 256, "0 (auto) .. 256"},
     };
     for (const Option& o : options) {
         if (strcmp(o.name, name) != 0) continue;
-        const bool gguf_gap = strcmp(name, "gguf_tier") == 0 && value == 1;  // gguf has no reference tier
-        QG_CHECK(value >= o.lo && value <= o.hi && !gguf_gap, "option %s=%lld is out of range (%s)", name, (ll)value,
-                 o.values);
+        QG_CHECK(value >= o.lo && value <= o.hi, "option %s=%lld is out of range (%s)", name, (ll)value, o.values);
         ctx->*o.field = value;
         return QG_OK;
     }

@@ -77,6 +77,13 @@ size_t gpu_w4a16_gemm_workspace(const qg_context* ctx, const qg_w4a16_gemm_args*
 qg_status gpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a, qg_stream stream);
 size_t gpu_gguf_gemm_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a);
 qg_status gpu_gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_stream stream);
+// GGUF on the integer tensor cores (src/gpu/gguf_mma_launch.cpp), called by gpu_gguf_gemm:
+// usable() says whether this device and these pointers allow it (why: the reason if not).
+bool gpu_gguf_mma_usable(const qg_context* ctx, const qg_gguf_gemm_args* a, const char** why);
+size_t gpu_gguf_mma_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a);
+qg_status gpu_gguf_mma_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_stream stream);
+// Shared memory per SM in bytes (occupancy estimates of the launchers).
+int gpu_smem_per_sm(const qg_context* ctx);
 #endif
 
 // Tiers compiled into this build, for qg_build_info (src/build_info.cpp).

@@ -432,7 +432,8 @@ def test_gpu_host_threads_with_own_streams_match_serial(gpu, rng):
 def test_gpu_serial_results_match_the_reference(gpu, rng):
     """Guards the bitwise comparisons above against a shared wrong answer: every problem
     against the float64 reference. Bound 8e-3: one rounding to bf16 (2^-8) or fp16
-    (2^-11) of an fp32 accumulation, about twice the bf16 unit roundoff."""
+    (2^-11) of an fp32 accumulation, about twice the bf16 unit roundoff; GGUF adds 2^-6
+    (GGUF_INT8), the default GPU tier's int8 activations (docs/gguf-layout.md section 6)."""
     for p in gpu_problems(gpu, rng, 6):
         p.poison(None)
         p.launch(None)
@@ -441,9 +442,13 @@ def test_gpu_serial_results_match_the_reference(gpu, rng):
         ref = p.ref()
         assert np.isfinite(got).all(), f"{p.fn}: output not fully written"
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-        assert err <= 8e-3, f"{p.fn} {p.out}: normalised error {err:.3e}"
+        bound = 8e-3 + (GGUF_INT8 if p.fn == "qg_gguf_gemm" else 0.0)
+        assert err <= bound, f"{p.fn} {p.out}: normalised error {err:.3e}"
 
 
+# The GPU's default GGUF tier quantizes x to int8 per 32 elements: 2^-6 normwise is about
+# three times that error's RMS (tests/test_gpu_gemm.py holds it to a rigorous bound).
+GGUF_INT8 = 2.0 ** -6
 GPU_KINDS = ["w4a16", "mxfp4"] + [n for n, f in FORMATS.items() if f.kind == "gguf"]
 
 
@@ -475,7 +480,13 @@ def test_gpu_workspace_serves_repeated_calls(gpu, rng, kind, m):
         if first is None:
             ref = p.ref()
             err = np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref)
-            assert err <= 8e-3, f"{kind} m={m}: normalised error {err:.3e}"
+            assert err <= 8e-3 + (GGUF_INT8 if family == "gguf" else 0.0), f"{kind} m={m}: normalised error {err:.3e}"
             first = y
         else:
             assert_bits_equal(y, first, f"{kind} m={m}: call {call_no + 1} vs call 1")
+    # quantgemm.h: every call leaves its workspace zero-filled again
+    if p.args.workspace:
+        ws = gpu.download(p.args.workspace, (p.args.workspace_bytes,), np.uint8)
+        nz = np.flatnonzero(ws)
+        assert not nz.size, (f"{kind} m={m}: {nz.size} of {ws.size} workspace bytes left non-zero "
+                             f"(first at byte {nz[0] if nz.size else 0})")

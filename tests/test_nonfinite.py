@@ -379,5 +379,9 @@ def test_gpu(gpu, rng, where, family):
     else:
         y, ref = gguf_run(rng, where, F16, F32, gemm, family)
         ydt = F32
+    # GGUF on the GPU: the int8 tier (auto) turns a slice of x holding NaN or inf into
+    # dx = NaN, and the float tier factors q4_K's min out of the block sum, so NaN may
+    # stand where the reference has +-inf: only "non-finite exactly where the reference is".
+    exact = where not in ("weights", "x+weights") and family not in GGUF_D_OFFSET
     assert_like_reference(f"GPU {family} {where}", y, ref, ydt, expect_nonfinite=where != "padding-only",
-                          exact_class=where not in ("weights", "x+weights"))
+                          exact_class=exact)

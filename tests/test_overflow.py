@@ -513,7 +513,10 @@ def test_row_strides_past_2_to_the_31_elements_gpu(dev, rng, fn):
         # 64 elements past each row but the last (the buffer ends with the last row)
         row = dev.download(Y, (n + 64 if i < m - 1 else n,), np.float16, offset=i * ldy * 2)
         err = np.linalg.norm(row[:n].astype(np.float64) - ref[i]) / np.linalg.norm(ref[i])
-        assert err <= REL_BOUND[F16], f"{name}: row {i} at element {i * ldy}: normalised error {err:.3e}"
+        # the GPU's default GGUF tier quantizes x to int8 per 32 elements (docs/gguf-layout.md
+        # section 6): 2^-6 normwise is about three times that error's RMS
+        bound = REL_BOUND[F16] + (2.0 ** -6 if fn == "gguf" else 0.0)
+        assert err <= bound, f"{name}: row {i} at element {i * ldy}: normalised error {err:.3e}"
         assert not row[n:].view(np.uint16).any(), f"{name}: written past row {i}"
     # a wrapped int32 offset of row 2 (2 * ldy = 2^32 + 64 -> 64) would land here
     head = dev.download(Y, (n + 128,), np.float16)

@@ -1,4 +1,6 @@
-// Launcher of the GGUF GEMM decode tier (device code: hip/gguf.hip).
+// Launcher of the GGUF GEMM float decode tier (gguf_tier 1, device code: hip/gguf.hip),
+// and the tier choice: gpu_gguf_gemm hands a call to the int8 mma tier (gguf_tier 2,
+// src/gpu/gguf_mma_launch.cpp) where it can run.
 //
 // Implements qg::gpu_gguf_gemm and qg::gpu_gguf_gemm_workspace (src/tiers.h).
 // api.cpp has already checked every argument the ABI defines (pointers, format,
@@ -44,25 +46,6 @@ constexpr int kMaxAutoSplitK = 16;
 constexpr int kMaxGridY = 65535;
 // Shared memory the runtime reserves per block on NVIDIA sm_80+ (occupancy estimate).
 constexpr int kSmemReservedPerBlock = 1024;
-
-// Shared memory per SM (bytes) for the occupancy estimate: the published per-SM
-// capacity by compute capability (CUDA programming guide, "Compute capabilities");
-// 64 KB LDS per CU / WGP on AMD.
-int smem_per_sm(const qg_context* ctx)
-{
-#if defined(QG_GPU_HIP)
-    (void)ctx;
-    return 64 * 1024;
-#else
-    const int cc = ctx->cc_major * 10 + ctx->cc_minor;
-    if (cc >= 120) return 100 * 1024;              // sm_120 (consumer Blackwell)
-    if (cc >= 90) return 228 * 1024;               // sm_90 (H100, H200), sm_100
-    if (cc == 80 || cc == 87) return 164 * 1024;   // A100, Orin
-    if (cc >= 86) return 100 * 1024;               // sm_86, sm_89
-    if (cc == 75) return 64 * 1024;
-    return 96 * 1024;                              // sm_70
-#endif
-}
 
 // Registry name of a QG_GGUF_FORMATS entry: lower case except the K of the K-quants
 // ("Q4_K" -> "q4_K", "IQ4_XS" -> "iq4_xs"). Writes into out[16].
@@ -175,7 +158,7 @@ Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a, int load_bytes
     // resident blocks per SM: the launch-bounds floor, or fewer if shared memory says so
     const int smem_block = static_smem<FMT, MT>(async_ok) + x_budget + kSmemReservedPerBlock;
     static_assert(Tune<MT>::kMinBlocks <= kMaxBlocksPerSm, "counter region covers every tile");
-    int bps = smem_per_sm(ctx) / smem_block;
+    int bps = gpu_smem_per_sm(ctx) / smem_block;
     bps = bps < 1 ? 1 : bps > Tune<MT>::kMinBlocks ? Tune<MT>::kMinBlocks : bps;
     pl.blocks_per_sm = bps;
     const int64_t slots = (int64_t)(ctx->sm_count > 0 ? ctx->sm_count : 1) * bps;
@@ -394,11 +377,9 @@ struct LaunchOp {
 
 bool is_aligned(const void* p, int bytes) { return ((uintptr_t)p & (uintptr_t)(bytes - 1)) == 0; }
 
-}  // namespace
-
-size_t gpu_gguf_gemm_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a)
+// The float tier's workspace (gguf_tier 1).
+size_t simt_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a)
 {
-    if (a->m <= 0) return 0;
     WorkspaceOp op = {ctx, a};
     const Chunks c = chunks_of(a->m);
     size_t bytes = 0;
@@ -410,12 +391,45 @@ size_t gpu_gguf_gemm_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a
     return bytes;
 }
 
+// Tier 2 (int8 mma) when the device and the pointers allow it, else the float tier 1;
+// a forced tier that cannot run answers QG_ERR_UNSUPPORTED with the reason. Auto keeps
+// Q6_K at m = 1 on the float tier: measured on the H200 (bench/NOTES.md) it is as fast
+// there (43008 x 5376) or faster (5376 x 21504: 58.6 vs 72.3 us), and exact in x.
+bool use_mma(const qg_context* ctx, const qg_gguf_gemm_args* a, const char** why)
+{
+    if (ctx->gguf_tier == 1) return false;
+    if (ctx->gguf_tier == 0 && a->format == QG_FORMAT_Q6_K && a->m == 1) return false;
+    return gpu_gguf_mma_usable(ctx, a, why);
+}
+
+}  // namespace
+
+size_t gpu_gguf_gemm_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a)
+{
+    if (a->m <= 0) return 0;
+    // the query cannot know the weight pointer: enough for either tier
+    const size_t simt = simt_workspace(ctx, a);
+    if (ctx->gguf_tier == 1) return simt;
+    const char* why = "";
+    qg_gguf_gemm_args probe = *a;
+    probe.w = nullptr;          // 16-aligned stand-ins: the answer must not depend on them
+    probe.ldw = (a->ldw + 15) & ~(int64_t)15;
+    probe.workspace = nullptr;
+    if (!gpu_gguf_mma_usable(ctx, &probe, &why)) return simt;
+    const size_t mma = gpu_gguf_mma_workspace(ctx, a);
+    return mma > simt ? mma : simt;
+}
+
 qg_status gpu_gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_stream stream)
 {
     if (a->m <= 0) return QG_OK;
     if (ctx->gguf_tier == 3) {
-        return set_error(QG_ERR_UNSUPPORTED, "gguf_tier=3 (prefill) is not built yet; the decode tier (2) serves every m");
+        return set_error(QG_ERR_UNSUPPORTED,
+                         "gguf_tier=3 (prefill) is not built yet; the decode tiers (1 float, 2 int8 mma) serve every m");
     }
+    const char* why = "";
+    const bool mma = use_mma(ctx, a, &why);
+    if (ctx->gguf_tier == 2 && !mma) return set_error(QG_ERR_UNSUPPORTED, "gguf_tier=2: %s", why);
     // what only this tier needs: element-aligned x and y, 2-byte aligned rows of w,
     // 32-bit row and block indices
     if (!is_aligned(a->x, dtype_bytes(a->x_dtype))) {
@@ -450,6 +464,7 @@ qg_status gpu_gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_st
             return set_error(QG_ERR_INVALID_ARGUMENT, "workspace is not 4-byte aligned (gguf split-K counters)");
         }
     }
+    if (mma) return gpu_gguf_mma_gemm(ctx, a, stream);
     const Chunks c = chunks_of(a->m);
     const int launches = (int)(c.full + (c.tail > 0 ? 1 : 0));
     LaunchOp op = {ctx, a, 0, (hipStream_t)stream, launches};

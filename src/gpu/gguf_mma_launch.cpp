@@ -1,0 +1,239 @@
+// Launcher of the GGUF GEMM decode tier on the integer tensor cores (device code:
+// hip/gguf_mma.hip): gguf_tier 2, "decode_mma".
+//
+// Implements qg::gpu_gguf_mma_usable, qg::gpu_gguf_mma_workspace and qg::gpu_gguf_mma_gemm
+// (src/tiers.h); src/gpu/gguf_launch.cpp decides between this tier and the float one.
+// Each chunk of up to 8 rows of x is two launches on the caller's stream: the x prep
+// (int8 quantization per 32 elements into the workspace), then the GEMM.
+#include <stddef.h>
+#include <stdint.h>
+
+#include <atomic>
+
+#if !defined(QG_HAVE_GPU)
+#define QG_HAVE_GPU 1
+#endif
+#include "tiers.h"
+#include "gguf_mma.hip"
+
+namespace qg {
+namespace {
+
+using gguf_mma::kCols;
+using gguf_mma::kThreads;
+using gguf_mma::kWarps;
+
+// Workspace: a fixed counter region first (the same place for every shape, so one zeroed
+// buffer serves every call), then the prepared x, then the K split's partial sums.
+//   [0, kMaxSplitTiles)                 arrival counters of split row tiles
+//   [kMaxSplitTiles, + kMaxSplit)       finished blocks per split (prepared-x zeroing)
+constexpr int kMaxSplitTiles = 4096;   // row tiles a K split is allowed for (N <= 262144)
+constexpr int kMaxSplit = 64;
+constexpr size_t kCounterBytes = (size_t)(kMaxSplitTiles + kMaxSplit) * 4;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t align16(size_t v) { return (v + 15) & ~(size_t)15; }
+
+struct Plan {
+    int mp;             // rows of x per launch rounded up: 2, 4 or 8 (Slice<MP>)
+    int tiles;          // gridDim.x: 64-row tiles
+    int split;          // gridDim.y: K splits
+    bool forced;        // split from ctx->split_k
+    int blocks_per_sm;  // occupancy estimate (shared memory)
+    size_t smem;        // dynamic shared memory per block
+    size_t xp_bytes;    // prepared x of one launch
+    size_t part_bytes;  // partial sums [split][mp][N] fp32 (split > 1)
+};
+
+int mp_for(int64_t m) { return m <= 2 ? 2 : m <= 4 ? 4 : 8; }
+
+// K split: enough blocks for about 4 rounds of the resident slots (the hardware hands a
+// finished block's slot to the next: short blocks keep the tail short), as long as every
+// block keeps two steps (WC blocks) of K; never more than kMaxSplit.
+template <int FMT>
+Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a)
+{
+    typedef gguf_mma::Shape<FMT> S;
+    Plan pl = {};
+    const int64_t nb = a->k / S::B::BE;
+    pl.mp = mp_for(a->m < kCols ? a->m : kCols);
+    pl.smem = (size_t)S::smem_bytes(pl.mp);
+    pl.tiles = (int)ceil_div(a->n, S::ROWS);
+    int bps = gpu_smem_per_sm(ctx) / (int)(pl.smem + S::GRID_WORDS * 4 + 1024 + 16);
+    pl.blocks_per_sm = bps < 1 ? 1 : bps > 16 ? 16 : bps;
+    int64_t split = 1;
+    if (ctx->split_k > 0) {
+        split = ctx->split_k;
+        pl.forced = true;
+    } else {
+        const int64_t slots = (int64_t)(ctx->sm_count > 0 ? ctx->sm_count : 1) * pl.blocks_per_sm;
+        split = ceil_div(4 * slots, pl.tiles);
+        const int64_t by_steps = nb / (2 * S::B::WC);
+        if (split > by_steps) split = by_steps;
+    }
+    if (split > nb) split = nb;
+    if (split > kMaxSplit) split = kMaxSplit;
+    if (pl.tiles > kMaxSplitTiles || split < 1) split = 1;
+    pl.split = (int)split;
+    pl.xp_bytes = (size_t)(a->k / 32) * 48 * pl.mp;
+    pl.part_bytes = pl.split > 1 ? (size_t)pl.split * pl.mp * (size_t)a->n * 4 : 0;
+    return pl;
+}
+
+template <int FMT>
+size_t workspace_of(const qg_context* ctx, const qg_gguf_gemm_args* a)
+{
+    // the largest of the launches: full 8-row chunks and the remainder
+    size_t bytes = 0;
+    const int64_t rows[2] = {a->m < kCols ? a->m : kCols, a->m > kCols ? a->m % kCols : 0};
+    for (int64_t r : rows) {
+        if (r == 0) continue;
+        qg_gguf_gemm_args chunk = *a;
+        chunk.m = r;
+        const Plan pl = make_plan<FMT>(ctx, &chunk);
+        const size_t b = kCounterBytes + align16(pl.xp_bytes) + pl.part_bytes;
+        bytes = b > bytes ? b : bytes;
+    }
+    return bytes;
+}
+
+// Raises a kernel's dynamic shared-memory limit to its plan's bytes, once per device.
+template <int FMT, int MP>
+qg_status ensure_smem_limit(const qg_context* ctx, size_t bytes)
+{
+    static std::atomic<uint64_t> done_mask{0};
+    const int dev = ctx->device;
+    const uint64_t bit = dev >= 0 && dev < 64 ? (uint64_t)1 << dev : 0;
+    if (bit && (done_mask.load(std::memory_order_acquire) & bit)) return QG_OK;
+    const hipError_t e = hipFuncSetAttribute((const void*)gguf_mma::gguf_mma_kernel<FMT, MP>,
+                                             hipFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != hipSuccess) {
+        return set_error(QG_ERR_DEVICE, "gguf decode_mma: setting %zu bytes of dynamic shared memory failed: %s", bytes,
+                         hipGetErrorString(e));
+    }
+    if (bit) done_mask.fetch_or(bit, std::memory_order_acq_rel);
+    return QG_OK;
+}
+
+template <int FMT, int MP>
+qg_status launch_gemm(const qg_context* ctx, const Plan& pl, hipStream_t stream, const gguf_mma::MmaParams& p)
+{
+    // every kernel raises its limit once: with the static shared memory even 48 KB of
+    // dynamic passes the default
+    const qg_status st = ensure_smem_limit<FMT, MP>(ctx, pl.smem);
+    if (st != QG_OK) return st;
+    const dim3 grid((unsigned)pl.tiles, (unsigned)pl.split, 1);
+    gguf_mma::gguf_mma_kernel<FMT, MP><<<grid, kThreads, pl.smem, stream>>>(p);
+    return gpu_check_launch("gguf decode_mma");
+}
+
+const char* dtype_name(qg_dtype d) { return d == QG_DTYPE_F32 ? "f32" : d == QG_DTYPE_F16 ? "f16" : "bf16"; }
+int dtype_bytes(qg_dtype d) { return d == QG_DTYPE_F32 ? 4 : 2; }
+
+template <int FMT>
+qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t stream)
+{
+    typedef gguf_mma::Shape<FMT> S;
+    uint8_t* ws = static_cast<uint8_t*>(a->workspace);
+    const int nslices = (int)(a->k / 32);
+    const int64_t chunks = ceil_div(a->m, kCols);
+    for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t m0 = c * kCols;
+        const int m_valid = (int)(a->m - m0 < kCols ? a->m - m0 : kCols);
+        qg_gguf_gemm_args chunk = *a;
+        chunk.m = m_valid;
+        const Plan pl = make_plan<FMT>(ctx, &chunk);
+        if (c == 0 && log_enabled()) {
+            log_once("gguf format=%d m=%lld n=%lld k=%lld x=%s y=%s: decode_mma (int8 x per 32, mma.sync) mp=%d "
+                     "tiles=%d split_k=%d%s blocks/SM~%d smem=%zu%s",
+                     (int)a->format, (long long)a->m, (long long)a->n, (long long)a->k, dtype_name(a->x_dtype),
+                     dtype_name(a->y_dtype), pl.mp, pl.tiles, pl.split, pl.forced ? " (forced)" : "", pl.blocks_per_sm,
+                     pl.smem, chunks > 1 ? "; m > 8: one launch pair per 8 rows" : "");
+        }
+
+        gguf_mma::PrepParams pp;
+        pp.x = static_cast<const char*>(a->x) + m0 * a->ldx * dtype_bytes(a->x_dtype);
+        pp.ldx = a->ldx;
+        pp.xp = ws + kCounterBytes;
+        pp.nslices = nslices;
+        pp.m_valid = m_valid;
+        pp.mp = pl.mp;
+        pp.x_dtype = (int)a->x_dtype;
+        pp.bias = S::B::kBias;
+        pp.unit16 = FMT == QG_FORMAT_Q6_K;
+        gguf_mma::gguf_mma_prep_kernel<<<(unsigned)ceil_div(nslices, kWarps), kThreads, 0, stream>>>(pp);
+        qg_status st = gpu_check_launch("gguf decode_mma x prep");
+        if (st != QG_OK) return st;
+
+        gguf_mma::MmaParams p;
+        p.w = static_cast<const uint8_t*>(a->w);
+        p.ldw = a->ldw;
+        p.xp = pp.xp;
+        p.y = static_cast<char*>(a->y) + m0 * a->ldy * dtype_bytes(a->y_dtype);
+        p.ldy = a->ldy;
+        p.partial = pl.part_bytes > 0 ? reinterpret_cast<float*>(ws + kCounterBytes + align16(pl.xp_bytes)) : nullptr;
+        p.tile_count = reinterpret_cast<uint32_t*>(ws);
+        p.split_count = reinterpret_cast<uint32_t*>(ws) + kMaxSplitTiles;
+        p.n = (int)a->n;
+        p.nb = (int)(a->k / S::B::BE);
+        p.m_valid = m_valid;
+        p.y_dtype = (int)a->y_dtype;
+        p.split_k = pl.split;
+        st = pl.mp == 2   ? launch_gemm<FMT, 2>(ctx, pl, stream, p)
+             : pl.mp == 4 ? launch_gemm<FMT, 4>(ctx, pl, stream, p)
+                          : launch_gemm<FMT, 8>(ctx, pl, stream, p);
+        if (st != QG_OK) return st;
+    }
+    return QG_OK;
+}
+
+}  // namespace
+
+bool gpu_gguf_mma_usable(const qg_context* ctx, const qg_gguf_gemm_args* a, const char** why)
+{
+#if defined(QG_GPU_CUDA)
+    if (ctx->cc_major < 8) {
+        *why = "the int8 mma.sync tier needs an sm_80 or newer GPU";
+        return false;
+    }
+    if ((((uintptr_t)a->w) | (uint64_t)a->ldw) & 15) {
+        *why = "the int8 mma tier reads rows with 16-byte copies: w and ldw must be multiples of 16 "
+               "(GGUFWeight.to_device pads rows so)";
+        return false;
+    }
+    if (a->workspace != nullptr && ((uintptr_t)a->workspace & 15)) {
+        *why = "the int8 mma tier needs a 16-byte aligned workspace";
+        return false;
+    }
+    *why = "";
+    return true;
+#else
+    (void)ctx, (void)a;
+    *why = "the int8 mma tier exists for NVIDIA GPUs only (mma.sync)";
+    return false;
+#endif
+}
+
+size_t gpu_gguf_mma_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a)
+{
+    switch (a->format) {
+#define QG_WS_CASE(NAME, BLOCK, BE) \
+    case QG_FORMAT_##NAME: return workspace_of<QG_FORMAT_##NAME>(ctx, a);
+        QG_GGUF_FORMATS(QG_WS_CASE)
+#undef QG_WS_CASE
+    default: return 0;
+    }
+}
+
+qg_status gpu_gguf_mma_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_stream stream)
+{
+    switch (a->format) {
+#define QG_LAUNCH_CASE(NAME, BLOCK, BE) \
+    case QG_FORMAT_##NAME: return launch<QG_FORMAT_##NAME>(ctx, a, (hipStream_t)stream);
+        QG_GGUF_FORMATS(QG_LAUNCH_CASE)
+#undef QG_LAUNCH_CASE
+    default: return set_error(QG_ERR_INVALID_ARGUMENT, "format=%d is not a GGUF format", (int)a->format);
+    }
+}
+
+}  // namespace qg
