@@ -253,7 +253,7 @@ __device__ __forceinline__ float half_at(const uint8_t* buf, int off) { return h
 // Q8_0: fp16 d, int8 q[32]: codes are the bytes.
 template <>
 struct Block<QG_FORMAT_Q8_0> {
-    static constexpr int BE = 32, BB = 34, WC = 8, kBias = 0;
+    static constexpr int BE = 32, BB = 34, WC = 4, kBias = 0;
     template <int MP>
     static __device__ __forceinline__ void run(const uint8_t* rg, const uint8_t* r8, int off, int j0, int g, int t,
                                                const uint8_t* xs, float (&acc)[4], const uint32_t*)
@@ -268,7 +268,7 @@ struct Block<QG_FORMAT_Q8_0> {
 // bias 8 (w = d * (q - 8)).
 template <>
 struct Block<QG_FORMAT_Q4_0> {
-    static constexpr int BE = 32, BB = 18, WC = 16, kBias = 8;
+    static constexpr int BE = 32, BB = 18, WC = 8, kBias = 8;
     template <int MP>
     static __device__ __forceinline__ void run(const uint8_t* rg, const uint8_t* r8, int off, int j0, int g, int t,
                                                const uint8_t* xs, float (&acc)[4], const uint32_t*)
@@ -284,7 +284,7 @@ struct Block<QG_FORMAT_Q4_0> {
 // (Scale unpacking as in gguf.hip's Format<QG_FORMAT_Q4_K>.)
 template <>
 struct Block<QG_FORMAT_Q4_K> {
-    static constexpr int BE = 256, BB = 144, WC = 2, kBias = 0;
+    static constexpr int BE = 256, BB = 144, WC = 1, kBias = 0;
     struct Scales {
         float d, dmin;
         uint32_t sc_lo, sc_hi, m_lo, m_hi;
@@ -403,7 +403,7 @@ __device__ __forceinline__ uint32_t kvalues4(uint32_t nib)
 // w = (d * (ls - 32)) * kvalues[q], ls = (scales_l >> 4s & 15) | (scales_h >> 2s & 3) << 4.
 template <>
 struct Block<QG_FORMAT_IQ4_XS> {
-    static constexpr int BE = 256, BB = 136, WC = 2, kBias = 0;
+    static constexpr int BE = 256, BB = 136, WC = 1, kBias = 0;
     template <int MP>
     static __device__ __forceinline__ void run(const uint8_t* rg, const uint8_t* r8, int off, int j0, int g, int t,
                                                const uint8_t* xs, float (&acc)[4], const uint32_t*)
@@ -497,43 +497,47 @@ struct MmaParams {
     int n, nb, m_valid, y_dtype, split_k;
 };
 
-// Copies blocks [b0, b0 + nblk) of the warp's 16 rows (from row0) into buf (row r at
-// buf + r * ROW): 16-byte cp.async from the aligned byte a0 <= b0 * BB, so the first
-// block sits at byte (b0 * BB) % 16 of each row buffer. A unit that would pass the end of
-// the row (rows need not be a multiple of 16 bytes) goes in 2-byte pieces. Rows past N
-// re-read row N - 1 (never written back).
+// The warp's share of the copies: lane l copies row l / 2 of the warp's 16, 16-byte units
+// l % 2, l % 2 + 2, ... of each step (two lanes per row: each load instruction reads 32
+// contiguous bytes of 16 rows). The row's source pointer is fixed for the whole kernel.
+struct RowCopy {
+    const uint8_t* src;   // the lane's row of W (rows past N re-read row N - 1, never written)
+    int dst;              // byte offset of that row's buffer in a stage's warp slice
+    int unit0;            // first unit: lane % 2
+};
+
+// Copies blocks [b0, b0 + nblk) of the lane's row into buf + rc.dst: 16-byte cp.async
+// from the aligned byte a0 <= b0 * BB, so the first block sits at byte (b0 * BB) % 16 of
+// the row buffer. Units past the end of the row (rows need not be a multiple of 16 bytes,
+// only the last step reaches it) go in 2-byte pieces.
 template <int FMT>
-__device__ __forceinline__ void issue_rows(const MmaParams& p, uint8_t* buf, int row0, int b0, int nblk, int lane)
+__device__ __forceinline__ void issue_row(const MmaParams& p, uint8_t* buf, const RowCopy& rc, int b0, int nblk)
 {
     typedef Shape<FMT> S;
     const int64_t c0 = (int64_t)b0 * S::B::BB, a0 = c0 & ~(int64_t)15;
     const int units = (int)((c0 - a0 + (int64_t)nblk * S::B::BB + 15) / 16);
-    const int64_t row_bytes = (int64_t)p.nb * S::B::BB;
-    constexpr int kPerLane = (kTileRows * S::UPR + 31) / 32;
+    const int64_t row_left = (int64_t)p.nb * S::B::BB - a0;   // bytes of the row from a0 on
+    const int full = row_left / 16 < units ? (int)(row_left / 16) : units;
+    const uint8_t* src = rc.src + a0;
+    uint8_t* dst = buf + rc.dst;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-        const int u = i * 32 + lane, r = u / S::UPR, c = u - r * S::UPR;
-        if (r >= kTileRows || c >= units) continue;
-        const int n = row0 + r < p.n ? row0 + r : p.n - 1;
-        const int64_t o = a0 + 16 * c;
-        const uint8_t* src = p.w + (int64_t)n * p.ldw + o;
-        uint8_t* dst = buf + r * S::ROW + 16 * c;
-        if (o + 16 <= row_bytes) {
-            copy16(dst, src);
-        } else {
-            for (int b = 0; b < (int)(row_bytes - o); b += 2)
-                *reinterpret_cast<uint16_t*>(dst + b) = *reinterpret_cast<const uint16_t*>(src + b);
+    for (int i = 0; i < (S::UPR + 1) / 2; ++i) {
+        const int c = rc.unit0 + 2 * i;
+        if (c < full) {
+            copy16(dst + 16 * c, src + 16 * c);
+        } else if (c < units) {
+            for (int b = 0; b < (int)(row_left - 16 * c); b += 2)
+                *reinterpret_cast<uint16_t*>(dst + 16 * c + b) = *reinterpret_cast<const uint16_t*>(src + 16 * c + b);
         }
     }
 }
 
-// One step into ring stage `stage`: every warp its rows, the whole block the x slices.
+// One step into ring stage `stage`: every lane its row, the whole block the x slices.
 template <int FMT, int MP>
-__device__ __forceinline__ void issue_step(const MmaParams& p, uint8_t* stage, int row0, int b0, int nblk, int warp,
-                                           int lane)
+__device__ __forceinline__ void issue_step(const MmaParams& p, uint8_t* stage, const RowCopy& rc, int b0, int nblk)
 {
     typedef Shape<FMT> S;
-    issue_rows<FMT>(p, stage + warp * kTileRows * S::ROW, row0 + warp * kTileRows, b0, nblk, lane);
+    issue_row<FMT>(p, stage, rc, b0, nblk);
     const int units = nblk * (S::B::BE / 32) * Slice<MP>::kBytes / 16;
     const uint8_t* src = p.xp + (int64_t)b0 * (S::B::BE / 32) * Slice<MP>::kBytes;
     for (int u = threadIdx.x; u < units; u += kThreads) copy16(stage + S::W_STAGE + 16 * u, src + 16 * u);
@@ -548,8 +552,9 @@ __device__ __forceinline__ void issue_step(const MmaParams& p, uint8_t* stage, i
 //                    reuses); issue(i+1); commit; decode step i
 // Worked example, q4_0, N = 43008, K = 5376 (nb = 168 blocks of 18 bytes), M = 1: 672
 // row tiles; split_k = 4 (2688 blocks); a block takes 42 blocks of K = steps of 16, 16
-// and 10 blocks; a step is 288 bytes of each of 64 rows (18 cp.async units per row, 9 per
-// lane) plus 16 slices of x (96 bytes each at MP = 2), then 16 m16n8k32 mma per warp.
+// and 10 blocks; a step is 288 bytes of each of 64 rows (18 cp.async units per row, two
+// lanes per row: 9 each) plus 16 slices of x (96 bytes each at MP = 2), then 16
+// m16n8k32 mma per warp.
 template <int FMT, int MP>
 __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
 {
@@ -568,9 +573,16 @@ __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
 
     uint8_t* const ring = reinterpret_cast<uint8_t*>(s_dyn);
     constexpr int kStage = S::stage_bytes(MP);
+    RowCopy rc;
+    {
+        const int r = warp * kTileRows + lane / 2, n = row0 + r < p.n ? row0 + r : p.n - 1;
+        rc.src = p.w + (int64_t)n * p.ldw;
+        rc.dst = r * S::ROW;
+        rc.unit0 = lane % 2;
+    }
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int nsteps = (kb1 - kb0 + B::WC - 1) / B::WC;
-    if (nsteps > 0) issue_step<FMT, MP>(p, ring, row0, kb0, kb1 - kb0 < B::WC ? kb1 - kb0 : B::WC, warp, lane);
+    if (nsteps > 0) issue_step<FMT, MP>(p, ring, rc, kb0, kb1 - kb0 < B::WC ? kb1 - kb0 : B::WC);
     copy_commit();
     for (int s = 0; s < nsteps; ++s) {
         const int b0 = kb0 + s * B::WC, nblk = kb1 - b0 < B::WC ? kb1 - b0 : B::WC;
@@ -578,8 +590,7 @@ __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
         __syncthreads();
         if (s + 1 < nsteps) {
             const int b1 = b0 + B::WC;
-            issue_step<FMT, MP>(p, ring + ((s + 1) & 1) * kStage, row0, b1, kb1 - b1 < B::WC ? kb1 - b1 : B::WC, warp,
-                                lane);
+            issue_step<FMT, MP>(p, ring + ((s + 1) & 1) * kStage, rc, b1, kb1 - b1 < B::WC ? kb1 - b1 : B::WC);
         }
         copy_commit();
         const uint8_t* buf = ring + (s & 1) * kStage + warp * kTileRows * S::ROW;
