@@ -199,3 +199,16 @@ def test_plot_without_matplotlib_is_a_clear_usage_error(rng, tmp_path, monkeypat
     assert "matplotlib" in capsys.readouterr().err
     assert timer.calls == {}, "nothing may be measured before the missing tool is reported"
     assert not (tmp_path / "p.png").exists()
+
+
+def test_family_without_a_tier_on_the_backend_is_known_from_the_build():
+    """The GPU bench skips MXFP4 / MoE before making their weights when the build says it
+    has no GPU tier for them (the build string of the H200 runs)."""
+    from pyquant.bench.runner import family_has_tier
+    build = ("quantgemm 0.1.0 format 1; backends: cpu cuda(sm_90a); tiers: w4a16=cpu,cuda "
+             "gguf=cpu,cuda mxfp4=cpu moe=cpu; build: Release GNU 13.3.0")
+    assert family_has_tier(build, "gguf", "cuda") and family_has_tier(build, "w4a16", "cpu")
+    assert not family_has_tier(build, "mxfp4", "cuda") and not family_has_tier(build, "moe", "cuda")
+    assert not family_has_tier(build, "moe", "hip")
+    assert family_has_tier(build.replace("moe=cpu", "moe=cpu,hip(gfx942)"), "moe", "hip")
+    assert family_has_tier("quantgemm 0.1.0 (no tier list)", "moe", "cuda")

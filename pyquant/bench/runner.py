@@ -13,6 +13,7 @@ a memory budget).
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import ml_dtypes
@@ -40,6 +41,14 @@ CPU_LLC_FALLBACK = 32 << 20
 # random codes and unit-normal activations stay far from fp16 overflow.
 SCALE_RANGE = (1e-3, 1e-2)
 GGUF_TILE_ROWS = 256  # random GGUF rows generated, then repeated to N rows (values don't matter)
+
+
+def family_has_tier(build: str, family: str, backend: str) -> bool:
+    """True when qg_build_info ("... tiers: w4a16=cpu,cuda gguf=cpu,cuda mxfp4=cpu ...")
+    lists `backend` among `family`'s tiers (a tier may carry a suffix, "cuda(sm_90a)");
+    True also when the build string names no tiers for the family (then the call decides)."""
+    m = re.search(rf"\b{re.escape(family)}=(\S+)", build)
+    return m is None or any(t.split("(")[0] == backend for t in m.group(1).split(","))
 
 
 def cpu_llc_bytes() -> int:
@@ -217,8 +226,12 @@ class LibraryRunner:
         return call
 
     def measure(self, case: C.Case) -> float:
-        """Median seconds of one call; golden.Unsupported when the library cannot run the case."""
+        """Median seconds of one call; golden.Unsupported when the library cannot run the case
+        (a family without a tier on this backend is known from the build before any weight
+        is made: gpt-oss-120b's MoE weights alone are gigabytes)."""
         from pyquant._lib import Status
+        if not family_has_tier(self.build, case.family, self.backend):
+            raise golden.Unsupported(f"this build has no {self.backend} tier for {case.family}: {self.build}")
         try:
             return timing.measure(self.timer, self._callable(case), self.budget_s, **self.reps)
         except self.pq.QuantGemmError as e:
