@@ -22,6 +22,7 @@ reinterpret it there: `torch.as_tensor(y.view(dtype=np.int16), device="cuda").vi
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import weakref
 from typing import Any
@@ -373,7 +374,7 @@ class _Shaped:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
 
 class DeviceView(_Shaped):
@@ -479,7 +480,7 @@ def parse_cuda_array_interface(cai: Any, name: str = "array"):
         raise _err(f"{name}: 'data' must be a (pointer, read_only) tuple, got {data!r}")
     ptr, _read_only = data
     ptr = int(ptr or 0)
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(int(s) for s in shape)
     if ptr == 0 and size > 0:
         raise _err(f"{name}: data pointer is NULL for a non-empty array of shape {shape}")
     if cai.get("mask") is not None:
@@ -513,7 +514,7 @@ class DeviceArray(_Shaped):
         self.ctx = ctx
         self.shape = tuple(int(s) for s in shape)
         self.dtype = as_dtype(dtype)
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
         self.stream = None           # qg_stream of the last launch that wrote it (None = default)
         self.written_async = False   # a launch wrote it; consumers must order after self.stream
         if self.nbytes == 0:
@@ -579,7 +580,7 @@ class DeviceArray(_Shaped):
         """A C-contiguous view of the whole buffer with another shape and/or dtype."""
         dt = as_dtype(dtype) if dtype is not None else self.dtype
         shape = self.shape if shape is None else tuple(shape)
-        if int(np.prod(shape, dtype=np.int64)) * dt.itemsize != self.nbytes:
+        if math.prod(int(s) for s in shape) * dt.itemsize != self.nbytes:
             raise _err(f"view: shape {shape} of {dtype_name(dt)} does not cover {self.nbytes} bytes")
         return DeviceView(self.ptr, shape, dt, None, ctx=self.ctx, on_device=self.on_device,
                           owner=self, stream=self._cai_stream())

@@ -201,6 +201,10 @@ bool gpu_gguf_mma_usable(const qg_context* ctx, const qg_gguf_gemm_args* a, cons
                "(GGUFWeight.to_device pads rows so)";
         return false;
     }
+    if (a->n > INT32_MAX - 64) {   // row tiles of 64: row indices stay inside int
+        *why = "the int8 mma tier takes n <= 2^31 - 65";
+        return false;
+    }
     if (a->workspace != nullptr && ((uintptr_t)a->workspace & 15)) {
         *why = "the int8 mma tier needs a 16-byte aligned workspace";
         return false;
