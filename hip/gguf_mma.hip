@@ -18,10 +18,10 @@
 //        acc += sw[n] * (dx * float(D))  [- mw[n] * sum_k x[k]   (q4_K's min term)]
 //      where sw (and mw) are the slice's scale as the gguf package computes it in float32
 //      (q4_K: d * sc, dmin * m; q6_K: d * sc per 16 elements, one k16 mma each).
-//   A block of 4 warps takes 16 rows; its warps split K four ways and add their
-//   accumulators in shared memory in warp order (deterministic). Few row tiles (small N)
-//   add a K split over blockIdx.y; the last block of a row tile to arrive adds the
-//   splits' partial sums in split order, writes y and zeroes what it read.
+//   A block of 4 warps takes 64 rows (16 per warp) and walks its K range a step at a
+//   time; the step's x slices ride in the same shared-memory ring stage. K is split over
+//   blockIdx.y for about four rounds of resident blocks; the last block of a row tile to
+//   arrive adds the splits' partial sums in split order, writes y and zeroes what it read.
 //
 // Numerics (docs/gguf-layout.md, "int8 activations"): the weights are exact; the only
 // approximation is x ~ dx * xq, |x - dx * xq| <= dx / 2 per element. pyquant's
@@ -47,9 +47,9 @@ using gguf::load_x;
 using gguf::mul_rn;
 using gguf::store_y;
 
-constexpr int kWarps = 4;             // warps of a thread block: K split four ways
+constexpr int kWarps = 4;             // warps of a thread block (64 rows)
 constexpr int kThreads = 32 * kWarps; // NVIDIA only (mma.sync)
-constexpr int kTileRows = 16;         // rows of W per thread block (the mma M)
+constexpr int kTileRows = 16;         // rows of W per warp (the mma M)
 constexpr int kCols = 8;              // rows of x per launch (the mma N)
 
 // ------------------------------------------------------------------ prepared x
@@ -551,9 +551,9 @@ __device__ __forceinline__ void issue_step(const MmaParams& p, uint8_t* stage, c
 //                    landed, every warp is done with step i-1, whose stage step i+1
 //                    reuses); issue(i+1); commit; decode step i
 // Worked example, q4_0, N = 43008, K = 5376 (nb = 168 blocks of 18 bytes), M = 1: 672
-// row tiles; split_k = 4 (2688 blocks); a block takes 42 blocks of K = steps of 16, 16
-// and 10 blocks; a step is 288 bytes of each of 64 rows (18 cp.async units per row, two
-// lanes per row: 9 each) plus 16 slices of x (96 bytes each at MP = 2), then 16
+// row tiles; split_k = 4 (2688 blocks); a block takes 42 blocks of K = steps of 8 (WC)
+// blocks, the last of 2; a step is 144 bytes of each of 64 rows (9 cp.async units per
+// row, two lanes per row: 5 and 4) plus 8 slices of x (96 bytes each at MP = 2), then 8
 // m16n8k32 mma per warp.
 template <int FMT, int MP>
 __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
@@ -613,7 +613,9 @@ __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
         else p.partial[((int64_t)split * MP + m) * p.n + n] = acc[i];
     }
 
-    // The prepared x of this split is read by gridDim.x blocks; the last to finish zeroes it.
+    // The prepared x of this split is read by gridDim.x blocks; the last to finish zeroes it
+    // (the fence orders this block's reads of it before its arrival, formally).
+    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) s_last_split = atomicAdd(&p.split_count[split], 1u) == gridDim.x - 1;
     __syncthreads();

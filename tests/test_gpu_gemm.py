@@ -218,7 +218,7 @@ def int8_model_bound(fmt: str, k: int, mag: np.ndarray, model: np.ndarray, y_dty
     kernel's integer dot products and float32 scales exactly; what remains is fp32
     rounding: each term sw * (dx * D) (and q4_K's mw * sx) is rounded twice and the terms
     are summed one after another (K / 32 slices, twice that for q6_K's 16-element units
-    and q4_K's min terms, plus the 4 warps' and the K splits' additions), so
+    and q4_K's min terms, plus the K splits' additions), so
     |err| <= (terms + 8) * u32 * sum|terms| (the standard gamma_n bound), plus rounding y."""
     terms = 2 * (k // 32) + 8
     return (terms + 3) * U32 * mag + UNIT_ROUNDOFF[np.dtype(y_dtype)] * np.abs(model)

@@ -120,8 +120,14 @@ def test_quantize_x_rounding(dtype):
     allowed = dx.astype(np.float64) / 2 + 2 * EPS32 * amax
     worst = np.unravel_index(np.argmax(err / allowed[..., None]), err.shape)
     assert np.all(err <= allowed[..., None]), f"|x - dx*xq| > dx/2 + 2 ulp at {worst}"
+    # sx: the prep kernel's float32 butterfly, lane 0 = halves added pairwise (i, i+16),
+    # then (i, i+8), ... (written here as a halving tree), within 5 roundings of the sum
+    t = x.astype(np.float32).reshape(m, k // 32, 32)
+    for half in (16, 8, 4, 2, 1):
+        t = t[..., :half] + t[..., half:2 * half]
+    assert np.array_equal(sx, t[..., 0]), "sx = the butterfly sum of the slice, in float32"
     s64 = v.sum(axis=-1)
-    assert np.all(np.abs(sx - s64) <= 2.0 ** -24 * np.abs(s64)), "sx = float32(sum of the slice)"
+    assert np.all(np.abs(sx - s64) <= 5 * 2.0 ** -24 * np.abs(v).sum(axis=-1)), "sx within gamma_5"
 
 
 @pytest.mark.parametrize("dtype", X_DTYPES)
@@ -232,3 +238,25 @@ def test_gemm_model_one_hot_rows(fmt, d_range):
     tol = 4 * EPS32 * np.abs(v)[:, None] * size.T
     i = np.unravel_index(np.argmax(np.abs(y - want) - tol), y.shape)
     assert np.all(np.abs(y - want) <= tol), f"{fmt}: one-hot row {i}: {y[i]!r} vs {want[i]!r}"
+
+
+def test_exact_bound_covers_a_cancelling_min_sum():
+    """q4_K's min term uses the kernel's float32 butterfly sum of x (review finding): a
+    slice {2^24, -2^24, 1, 0, ...} sums to 0 in that order (2^24 + 1 rounds to 2^24), so
+    with all codes 0, d = dmin = 1 and m = 1 on sub-block 0 (W = -1 there) the model gives
+    y = 0 where the exact product is -1; exact_error_bound must cover that."""
+    from pyquant.formats import q4_k
+    block = np.zeros(144, np.uint8)
+    block[0:2] = np.frombuffer(np.float16(1).tobytes(), np.uint8)    # d
+    block[2:4] = np.frombuffer(np.float16(1).tobytes(), np.uint8)    # dmin
+    m = np.zeros(8, np.uint8)
+    m[0] = 1
+    block[4:16] = q4_k.pack_scales_mins(np.ones(8, np.uint8), m)
+    raw = block[None, :]
+    x = np.zeros((1, 256), np.float32)
+    x[0, :3] = (2.0 ** 24, -2.0 ** 24, 1.0)
+    y, _ = int8_act.gemm_model(x, "q4_K", raw)
+    exact = reference.gemm(x, q4_k.dequantize(raw))
+    assert exact[0, 0] == -1.0 and y[0, 0] == 0.0, (exact, y)
+    bound = int8_act.exact_error_bound(x, "q4_K", raw)
+    assert abs(y[0, 0] - exact[0, 0]) <= bound[0, 0] <= 2.0

@@ -164,13 +164,26 @@ def _cvt_rn_int8(t: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(r), 0, r).astype(np.int8)
 
 
+def _butterfly_sum(s: np.ndarray) -> np.ndarray:
+    """Sum over the last axis (32) as the prep kernel adds it: float32, each lane i adding
+    lane i xor o's value for o = 16, 8, 4, 2, 1 (a __shfl_xor butterfly); lane 0's value.
+    Not the correctly rounded sum: where a slice cancels the two differ (bound in
+    exact_error_bound)."""
+    t = s.astype(np.float32)
+    lanes = np.arange(SLICE)
+    for o in (16, 8, 4, 2, 1):
+        t = t + t[..., lanes ^ o]
+    return t[..., 0]
+
+
 def quantize_x(x):
     """Activations x [M, K] (float32, float16 or bfloat16; K % 32 == 0) -> (xq, dx, sx).
 
     Per row m and slice j (elements 32j .. 32j+31), v = float32(x):
         amax = max |v|;  dx = float32(amax) / float32(127)   (IEEE float32 division)
         id = float32(1) / dx if dx > 0 else 0;  xq = rint(float32(v * id)) as int8
-        sx = float32(sum of v, in float64)
+        sx = the float32 sum of v in the kernel's order: a butterfly over the 32 lanes
+             (t_i += t_{i xor o} for o = 16, 8, 4, 2, 1), lane 0's value
     A slice holding a NaN or an inf gets dx = NaN, sx = NaN and xq = 0.
     Returns xq int8 [M, K], dx float32 [M, K/32], sx float32 [M, K/32].
     """
@@ -182,7 +195,7 @@ def quantize_x(x):
         dx = np.abs(s).max(axis=-1) / np.float32(127)
         inv = np.where(dx > 0, np.float32(1) / dx, np.float32(0))
         t = np.where(bad[..., None], np.float32(0), s * inv[..., None])
-        sx = s.astype(np.float64).sum(axis=-1).astype(np.float32)
+        sx = _butterfly_sum(s)
     nan = np.float32(np.nan)
     return (_cvt_rn_int8(t).reshape(m, k), np.where(bad, nan, dx).astype(np.float32),
             np.where(bad, nan, sx).astype(np.float32))
@@ -243,15 +256,23 @@ def exact_error_bound(x, fmt: str, raw) -> np.ndarray:
 
     with ws = sw * (codes - bias) in exact arithmetic and W = dequantize(raw). The first sum
     is the activation quantization error: the model multiplies ws by dx * xq, and (q4_K)
-    the min term by the exact slice sum sx. It uses |ws|, not |W|: for q4_K the two differ
+    the min term by sx. It uses |ws|, not |W|: for q4_K the two differ
     where ws and mw cancel. The second sum is q4_K's float32 rounding of the dequantized
     weight ((d*sc)*q - dmin*m, two roundings), which the model does not make; it is zero for
-    the other formats (W = ws exactly, see decompose). Not finite where x is not.
+    the other formats (W = ws exactly, see decompose). q4_K adds
+    sum_j |mw[n, j]| * |sx[m, j] - exact slice sum|: sx is the kernel's float32 butterfly
+    (_butterfly_sum), which can lose a cancelling slice's small terms. Not finite where x
+    is not.
     """
-    dec, xq, dx, _ = _prepare(x, fmt, raw)
+    dec, xq, dx, sx = _prepare(x, fmt, raw)
     v = np.asarray(x).astype(np.float64)
     err = np.abs(v - np.repeat(dx.astype(np.float64), SLICE, axis=1) * xq)
     ws = np.repeat(dec.sw.astype(np.float64), dec.unit, axis=1) * (dec.codes - dec.bias)
     w_model = ws if dec.mw is None else ws - np.repeat(dec.mw.astype(np.float64), SLICE, axis=1)
     w_deq = _DECOMPOSERS[fmt][0].dequantize(raw).astype(np.float64)
-    return err @ np.abs(ws).T + np.abs(v) @ np.abs(w_model - w_deq).T
+    bound = err @ np.abs(ws).T + np.abs(v) @ np.abs(w_model - w_deq).T
+    if dec.mw is not None:   # the min term's slice sum is the kernel's float32 butterfly
+        m, k = v.shape
+        sx_err = np.abs(sx.astype(np.float64) - v.reshape(m, k // SLICE, SLICE).sum(axis=-1))
+        bound = bound + sx_err @ np.abs(dec.mw.astype(np.float64)).T
+    return bound

@@ -64,7 +64,6 @@ Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a)
     int64_t split = 1;
     if (ctx->split_k > 0) {
         split = ctx->split_k;
-        pl.forced = true;
     } else {
         const int64_t slots = (int64_t)(ctx->sm_count > 0 ? ctx->sm_count : 1) * pl.blocks_per_sm;
         split = ceil_div(4 * slots, pl.tiles);
@@ -75,6 +74,7 @@ Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a)
     if (split > kMaxSplit) split = kMaxSplit;
     if (pl.tiles > kMaxSplitTiles || split < 1) split = 1;
     pl.split = (int)split;
+    pl.forced = ctx->split_k > 0 && split == ctx->split_k;   // not when a forced split was clamped
     pl.xp_bytes = (size_t)(a->k / 32) * 48 * pl.mp;
     pl.part_bytes = pl.split > 1 ? (size_t)pl.split * pl.mp * (size_t)a->n * 4 : 0;
     return pl;
@@ -137,6 +137,17 @@ qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t 
     uint8_t* ws = static_cast<uint8_t*>(a->workspace);
     const int nslices = (int)(a->k / 32);
     const int64_t chunks = ceil_div(a->m, kCols);
+    // Every kernel this call launches gets its shared-memory limit first: a failure then
+    // returns before the first prep has written the workspace (the call leaves it zeroed).
+    for (int64_t c = 0; c < chunks; c += chunks > 1 ? chunks - 1 : 1) {
+        qg_gguf_gemm_args chunk = *a;
+        chunk.m = a->m - c * kCols < kCols ? a->m - c * kCols : kCols;
+        const Plan pl = make_plan<FMT>(ctx, &chunk);
+        const qg_status st = pl.mp == 2   ? ensure_smem_limit<FMT, 2>(ctx, pl.smem)
+                             : pl.mp == 4 ? ensure_smem_limit<FMT, 4>(ctx, pl.smem)
+                                          : ensure_smem_limit<FMT, 8>(ctx, pl.smem);
+        if (st != QG_OK) return st;
+    }
     for (int64_t c = 0; c < chunks; ++c) {
         const int64_t m0 = c * kCols;
         const int m_valid = (int)(a->m - m0 < kCols ? a->m - m0 : kCols);
@@ -199,10 +210,6 @@ bool gpu_gguf_mma_usable(const qg_context* ctx, const qg_gguf_gemm_args* a, cons
     if ((((uintptr_t)a->w) | (uint64_t)a->ldw) & 15) {
         *why = "the int8 mma tier reads rows with 16-byte copies: w and ldw must be multiples of 16 "
                "(GGUFWeight.to_device pads rows so)";
-        return false;
-    }
-    if (a->n > INT32_MAX - 64) {   // row tiles of 64: row indices stay inside int
-        *why = "the int8 mma tier takes n <= 2^31 - 65";
         return false;
     }
     if (a->workspace != nullptr && ((uintptr_t)a->workspace & 15)) {
