@@ -20,9 +20,11 @@ _FAMILY_OF_KIND = {"int4": "w4a16", "gguf": "gguf", "mxfp4": "mxfp4"}
 # GPU families with two tiers picked by M (DESIGN.md "Kernel families"); the W4A16 split is
 # fixed at M <= 16, the GGUF one is a measured per-shape decision, so it is not quoted.
 # The GPU tiers a family has: decode kernels only so far; a larger M runs as several decode
-# launches (16 rows of x each for W4A16, 4 for GGUF) until a prefill tier exists.
+# launches (16 rows of x each for W4A16; 8 for GGUF on the int8 tier, 4 on the float tier)
+# until a prefill tier exists.
 _GPU_SPLIT = {"w4a16": ("decode (16 rows per launch; no prefill tier yet)",),
-              "gguf": ("decode (4 rows per launch; no prefill tier yet)",)}
+              "gguf": ("decode (int8 x, 8 rows per launch on NVIDIA sm_80+; float x, 4 rows, "
+                       "elsewhere; no prefill tier yet)",)}
 
 
 def _build_tiers(build_info: str) -> dict[str, list[str]]:
