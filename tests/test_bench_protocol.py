@@ -208,6 +208,7 @@ def test_family_without_a_tier_on_the_backend_is_known_from_the_build():
     build = ("quantgemm 0.1.0 format 1; backends: cpu cuda(sm_90a); tiers: w4a16=cpu,cuda "
              "gguf=cpu,cuda mxfp4=cpu moe=cpu; build: Release GNU 13.3.0")
     assert family_has_tier(build, "gguf", "cuda") and family_has_tier(build, "w4a16", "cpu")
+    assert family_has_tier(build, "moe", "cpu"), "the last family's list ends at the ';'"
     assert not family_has_tier(build, "mxfp4", "cuda") and not family_has_tier(build, "moe", "cuda")
     assert not family_has_tier(build, "moe", "hip")
     assert family_has_tier(build.replace("moe=cpu", "moe=cpu,hip(gfx942)"), "moe", "hip")

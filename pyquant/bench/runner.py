@@ -47,7 +47,7 @@ def family_has_tier(build: str, family: str, backend: str) -> bool:
     """True when qg_build_info ("... tiers: w4a16=cpu,cuda gguf=cpu,cuda mxfp4=cpu ...")
     lists `backend` among `family`'s tiers (a tier may carry a suffix, "cuda(sm_90a)");
     True also when the build string names no tiers for the family (then the call decides)."""
-    m = re.search(rf"\b{re.escape(family)}=(\S+)", build)
+    m = re.search(rf"\b{re.escape(family)}=([^\s;]+)", build)
     return m is None or any(t.split("(")[0] == backend for t in m.group(1).split(","))
 
 
