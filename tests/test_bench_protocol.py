@@ -213,3 +213,15 @@ def test_family_without_a_tier_on_the_backend_is_known_from_the_build():
     assert not family_has_tier(build, "moe", "hip")
     assert family_has_tier(build.replace("moe=cpu", "moe=cpu,hip(gfx942)"), "moe", "hip")
     assert family_has_tier("quantgemm 0.1.0 (no tier list)", "moe", "cuda")
+
+
+def test_cpu_bench_runs_moe_instead_of_skipping_it(capsys):
+    """The real runner on the CPU backend (every family has a CPU tier): the MoE case of the
+    quick suite is measured, not skipped. It was skipped when the build's tier list was
+    misread ("moe=cpu;" as "cpu;")."""
+    argv = ["--backend", "cpu", "--family", "moe", "--variant", "gpt-oss-20b", "--m", "1",
+            "--budget", "0.01", "--no-peers"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "skipped" not in out, out
+    assert any(line.startswith("moe ") for line in out.splitlines()), out
