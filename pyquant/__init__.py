@@ -27,7 +27,7 @@ from .device import (  # noqa: E402
     gpu_context,
 )
 from .weights import GGUFWeight, Int4Weight, MXFP4Weight  # noqa: E402
-from .api import build_info, from_gguf, from_mxfp4, gemm, moe, quantize  # noqa: E402
+from .api import GemmPlan, build_info, from_gguf, from_mxfp4, gemm, gemm_plan, moe, quantize  # noqa: E402
 from .loaders import load_gguf, load_safetensors  # noqa: E402
 from . import formats  # noqa: E402
 
@@ -50,6 +50,6 @@ __all__ = [
     "Context", "DeviceArray", "DeviceView", "Event", "Stream",
     "cpu_context", "default_context", "device_count", "gpu_available", "gpu_context",
     "Int4Weight", "GGUFWeight", "MXFP4Weight",
-    "formats", "build_info", "quantize", "from_gguf", "from_mxfp4", "gemm", "moe",
+    "formats", "build_info", "quantize", "from_gguf", "from_mxfp4", "gemm", "gemm_plan", "GemmPlan", "moe",
     "load_gguf", "load_safetensors",
 ]

@@ -224,57 +224,106 @@ def gemm(x, w, out=None, out_dtype=None, ctx: Context | None = None, stream=None
     x: numpy (CPU tier) or device array, fp16 / bf16 (fp32 for GGUF and MXFP4). y has the
     dtype of x unless out_dtype (e.g. np.float32) or `out` says otherwise; `out` may be
     any row-strided [M, N] array in the same place as x (its row stride becomes ldy)."""
-    if not isinstance(w, (Int4Weight, GGUFWeight, MXFP4Weight)):
-        raise _err(f"w must be an Int4Weight, GGUFWeight or MXFP4Weight, got {type(w).__name__}")
-    if isinstance(w, MXFP4Weight) and len(w.shape) != 2:
-        raise _err(f"w holds stacked experts {w.shape}; dense gemm needs an [N, K] weight "
-                   "(use pyquant.moe for experts)")
-    xv = _operand(x, "x")
-    if len(xv.shape) != 2:
-        raise _err(f"x must be 2-D [M, K], got shape {tuple(xv.shape)}")
-    m, k = xv.shape
-    n, wk = w.shape
-    if k != wk:
-        raise _err(f"x has K={k} columns but the weight has K={wk} (w.shape = {w.shape})")
-    x_dt = _act_dtype(xv, "x")
-    ops = {"x": xv, **_weight_operands(w)}
-    yv, y_np_dtype = _output(out, (m, n), out_dtype, xv.dtype)
-    if yv is not None:
-        ops["out"] = yv
-    c = _pick_context(ops, ctx)
-    result = out
-    if yv is None:
-        if y_np_dtype not in _ACT_DTYPES:
-            raise _err(f"out_dtype {dtype_name(y_np_dtype)} is not float32, float16 or bfloat16")
-        result = _result_array(isinstance(x, np.ndarray), (m, n), y_np_dtype, c)
-        yv = _operand(result, "out", allow_copy=False)
-    y_dt = _act_dtype(yv, "out")
-    s = _launch_stream(stream, xv)
-    ldx, ldy = _ld(xv, "x"), _ld(yv, "out")
+    call = _GemmCall(x, w, out, out_dtype, ctx, stream)
+    _run(call.ctx, call.args, call.query, call.launch, call.stream)
+    _mark_stream(call.result, call.stream)
+    return call.result
 
-    if isinstance(w, Int4Weight):
-        args = _lib.qg_w4a16_gemm_args(
-            m=m, n=n, k=k, group_size=w.group_size, x_dtype=x_dt, y_dtype=y_dt,
-            scale_dtype=SCALE_QG_DTYPE[np.dtype(w.scales.dtype)], zero_dtype=DType.QG_DTYPE_U4X8,
-            x=_ptr(xv), ldx=ldx, qweight=_ptr(ops["w.qweight"]), scales=_ptr(ops["w.scales"]),
-            qzeros=_ptr(ops.get("w.qzeros")), y=_ptr(yv), ldy=ldy)
-        query, launch = _lib.qg_w4a16_gemm_workspace_size, _lib.qg_w4a16_gemm
-    elif isinstance(w, GGUFWeight):
-        args = _lib.qg_gguf_gemm_args(
-            format=w.spec.qg_format, m=m, n=n, k=k, x_dtype=x_dt, y_dtype=y_dt,
-            x=_ptr(xv), ldx=ldx, w=_ptr(ops["w.raw"]), ldw=w.ldw, y=_ptr(yv), ldy=ldy)
-        query, launch = _lib.qg_gguf_gemm_workspace_size, _lib.qg_gguf_gemm
-    else:
-        bias = ops.get("w.bias")
-        args = _lib.qg_mxfp4_gemm_args(
-            m=m, n=n, k=k, x_dtype=x_dt, y_dtype=y_dt, x=_ptr(xv), ldx=ldx,
-            blocks=_ptr(ops["w.blocks"]), scales=_ptr(ops["w.scales"]), bias=_ptr(bias),
-            bias_dtype=qg_dtype_of(bias.dtype) if bias is not None else DType.QG_DTYPE_F32,
-            y=_ptr(yv), ldy=ldy)
-        query, launch = _lib.qg_mxfp4_gemm_workspace_size, _lib.qg_mxfp4_gemm
-    _run(c, args, query, launch, s)
-    _mark_stream(result, s)
-    return result
+
+class GemmPlan:
+    """gemm() with its checks and argument struct done once: each call() launches on the
+    same x, weight and output buffers (refill x in place between calls), costing one
+    C call from Python instead of the argument checks and struct building of gemm()
+    (about 60 us per call on a CPU context, measured: bench/NOTES.md). The plan holds its
+    operands and its workspace alive; the library still checks every argument on every
+    launch. Build one with pyquant.gemm_plan()."""
+
+    def __init__(self, x, w, out=None, out_dtype=None, ctx: Context | None = None, stream=None):
+        self._call = _GemmCall(x, w, out, out_dtype, ctx, stream)
+        c = self._call
+        if isinstance(x, np.ndarray) and c.args.x != (x.ctypes.data or None):
+            raise _err("gemm_plan: x must have unit stride along its columns and a positive row "
+                       f"stride (strides {x.strides} bytes): a copy would not see x refilled")
+        nbytes = ctypes.c_size_t(0)
+        c.query(c.ctx.handle, ctypes.byref(c.args), ctypes.byref(nbytes))
+        self._workspace = c.ctx.workspace_array(nbytes.value, c.stream)
+        if self._workspace is not None:
+            c.args.workspace, c.args.workspace_bytes = self._workspace.ptr, self._workspace.nbytes
+        self._args_ref = ctypes.byref(c.args)
+
+    @property
+    def out(self):
+        """The output the plan writes (the `out` it was built with, or its own array)."""
+        return self._call.result
+
+    def __call__(self):
+        """Launches once; returns the output."""
+        c = self._call
+        c.launch(c.ctx.handle, self._args_ref, c.stream)
+        _mark_stream(c.result, c.stream)
+        return c.result
+
+
+def gemm_plan(x, w, out=None, out_dtype=None, ctx: Context | None = None, stream=None) -> GemmPlan:
+    """A GemmPlan: gemm(x, w, out, ...) prepared once, launched by calling it."""
+    return GemmPlan(x, w, out, out_dtype, ctx, stream)
+
+
+class _GemmCall:
+    """The checked operands and the argument struct of one gemm(): ctx, args, query and
+    launch (the C workspace query and entry point), stream, result."""
+
+    def __init__(self, x, w, out, out_dtype, ctx, stream):
+        if not isinstance(w, (Int4Weight, GGUFWeight, MXFP4Weight)):
+            raise _err(f"w must be an Int4Weight, GGUFWeight or MXFP4Weight, got {type(w).__name__}")
+        if isinstance(w, MXFP4Weight) and len(w.shape) != 2:
+            raise _err(f"w holds stacked experts {w.shape}; dense gemm needs an [N, K] weight "
+                       "(use pyquant.moe for experts)")
+        xv = _operand(x, "x")
+        if len(xv.shape) != 2:
+            raise _err(f"x must be 2-D [M, K], got shape {tuple(xv.shape)}")
+        m, k = xv.shape
+        n, wk = w.shape
+        if k != wk:
+            raise _err(f"x has K={k} columns but the weight has K={wk} (w.shape = {w.shape})")
+        x_dt = _act_dtype(xv, "x")
+        ops = {"x": xv, **_weight_operands(w)}
+        yv, y_np_dtype = _output(out, (m, n), out_dtype, xv.dtype)
+        if yv is not None:
+            ops["out"] = yv
+        c = _pick_context(ops, ctx)
+        result = out
+        if yv is None:
+            if y_np_dtype not in _ACT_DTYPES:
+                raise _err(f"out_dtype {dtype_name(y_np_dtype)} is not float32, float16 or bfloat16")
+            result = _result_array(isinstance(x, np.ndarray), (m, n), y_np_dtype, c)
+            yv = _operand(result, "out", allow_copy=False)
+        y_dt = _act_dtype(yv, "out")
+        s = _launch_stream(stream, xv)
+        ldx, ldy = _ld(xv, "x"), _ld(yv, "out")
+
+        if isinstance(w, Int4Weight):
+            args = _lib.qg_w4a16_gemm_args(
+                m=m, n=n, k=k, group_size=w.group_size, x_dtype=x_dt, y_dtype=y_dt,
+                scale_dtype=SCALE_QG_DTYPE[np.dtype(w.scales.dtype)], zero_dtype=DType.QG_DTYPE_U4X8,
+                x=_ptr(xv), ldx=ldx, qweight=_ptr(ops["w.qweight"]), scales=_ptr(ops["w.scales"]),
+                qzeros=_ptr(ops.get("w.qzeros")), y=_ptr(yv), ldy=ldy)
+            query, launch = _lib.qg_w4a16_gemm_workspace_size, _lib.qg_w4a16_gemm
+        elif isinstance(w, GGUFWeight):
+            args = _lib.qg_gguf_gemm_args(
+                format=w.spec.qg_format, m=m, n=n, k=k, x_dtype=x_dt, y_dtype=y_dt,
+                x=_ptr(xv), ldx=ldx, w=_ptr(ops["w.raw"]), ldw=w.ldw, y=_ptr(yv), ldy=ldy)
+            query, launch = _lib.qg_gguf_gemm_workspace_size, _lib.qg_gguf_gemm
+        else:
+            bias = ops.get("w.bias")
+            args = _lib.qg_mxfp4_gemm_args(
+                m=m, n=n, k=k, x_dtype=x_dt, y_dtype=y_dt, x=_ptr(xv), ldx=ldx,
+                blocks=_ptr(ops["w.blocks"]), scales=_ptr(ops["w.scales"]), bias=_ptr(bias),
+                bias_dtype=qg_dtype_of(bias.dtype) if bias is not None else DType.QG_DTYPE_F32,
+                y=_ptr(yv), ldy=ldy)
+            query, launch = _lib.qg_mxfp4_gemm_workspace_size, _lib.qg_mxfp4_gemm
+        self.ctx, self.args, self.query, self.launch, self.stream, self.result = c, args, query, launch, s, result
+        self._keep = (xv, yv, ops)   # the operands' owners stay alive as long as the call
 
 
 def _run(c: Context, args, query, launch, s) -> None:

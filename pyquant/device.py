@@ -169,8 +169,14 @@ class Context:
         back), cached per (purpose, stream) and grown on demand: launches on one stream
         are ordered, and another stream gets its own buffer, so no two launches that may
         overlap share one. Returns (pointer or None, bytes)."""
+        ws = self.workspace_array(nbytes, stream, purpose)
+        return (None, 0) if ws is None else (ws.ptr, ws.nbytes)
+
+    def workspace_array(self, nbytes: int, stream=None, purpose: str = "workspace"):
+        """The DeviceArray behind workspace() (None for 0 bytes): a holder (GemmPlan) keeps
+        it alive even after the cache has moved on to a larger buffer."""
         if nbytes == 0:
-            return None, 0
+            return None
         key = (purpose, stream_handle(stream))
         ws = self._workspaces.get(key)
         if ws is None or ws.nbytes < nbytes:
@@ -179,7 +185,7 @@ class Context:
             # reusable (split-K counters re-arm themselves)
             ws.fill_bytes(0, stream)
             self._workspaces[key] = ws
-        return ws.ptr, ws.nbytes
+        return ws
 
 
 _COPY_KINDS = {  # (source on device, destination on device) -> qg_copy_kind
