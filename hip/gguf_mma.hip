@@ -5,7 +5,7 @@
 //
 // Two kernels per launch of up to 8 rows of x:
 //   1. prep: x is quantized once per 32-element slice and row m (ggml's q8_1 idea):
-//        dx = amax / 127,  xq[k] = rint(x[k] * (1 / dx))  (int8, round to nearest even)
+//        dx = amax / 127,  xq[k] = rint(x[k] * (1 / dx))  (round to nearest even, +-127)
 //      and written to the workspace in the order the mma B fragments read it, with the
 //      per-slice terms the epilogue needs (the "prepared x", Slice below).
 //   2. the GEMM: each warp streams 16 rows of W (one mma M tile) with cp.async into a
@@ -23,7 +23,7 @@
 //   blockIdx.y for about four rounds of resident blocks; the last block of a row tile to
 //   arrive adds the splits' partial sums in split order, writes y and zeroes what it read.
 //
-// Numerics (docs/gguf-layout.md, "int8 activations"): the weights are exact; the only
+// Numerics (docs/gguf-layout.md section 6): the weights are exact; the only
 // approximation is x ~ dx * xq, |x - dx * xq| <= dx / 2 per element. pyquant's
 // formats/int8_act.py (gemm_model) models this exactly (same dx, same xq) and the tests compare
 // to it with an fp32 accumulation bound. A non-finite x makes dx NaN for its slice, so
