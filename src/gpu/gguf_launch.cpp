@@ -23,6 +23,7 @@
 #endif
 #include "tiers.h"
 #include "gguf.hip"
+#include "launch_util.h"
 
 namespace qg {
 namespace {
@@ -32,6 +33,11 @@ using gguf::Format;
 using gguf::Tune;
 using gguf::kThreads;
 using gguf::kMaxMTile;
+using launch_util::align16;
+using launch_util::ceil_div;
+using launch_util::dtype_bytes;
+using launch_util::dtype_name;
+using launch_util::format_name;
 
 // ------------------------------------------------------------------ tuning table
 // Speed only: results never depend on these (tests force split_k through
@@ -46,38 +52,6 @@ constexpr int kMaxAutoSplitK = 16;
 constexpr int kMaxGridY = 65535;
 // Shared memory the runtime reserves per block on NVIDIA sm_80+ (occupancy estimate).
 constexpr int kSmemReservedPerBlock = 1024;
-
-// Registry name of a QG_GGUF_FORMATS entry: lower case except the K of the K-quants
-// ("Q4_K" -> "q4_K", "IQ4_XS" -> "iq4_xs"). Writes into out[16].
-const char* format_name(qg_format f, char* out)
-{
-    const char* in = "?";
-    switch (f) {
-#define QG_NAME(NAME, BLOCK, BE) \
-    case QG_FORMAT_##NAME: in = #NAME; break;
-        QG_GGUF_FORMATS(QG_NAME)
-#undef QG_NAME
-    default: break;
-    }
-    int i = 0;
-    for (; in[i] != 0 && i < 15; ++i) {
-        const bool k_quant = in[i] == 'K' && i > 0 && in[i - 1] == '_';
-        out[i] = (in[i] >= 'A' && in[i] <= 'Z' && !k_quant) ? (char)(in[i] - 'A' + 'a') : in[i];
-    }
-    out[i] = 0;
-    return out;
-}
-
-const char* dtype_name(qg_dtype d)
-{
-    return d == QG_DTYPE_F32 ? "f32" : d == QG_DTYPE_F16 ? "f16" : d == QG_DTYPE_BF16 ? "bf16" : "?";
-}
-
-int dtype_bytes(qg_dtype d) { return d == QG_DTYPE_F32 ? 4 : 2; }
-
-size_t align16(size_t v) { return (v + 15) & ~(size_t)15; }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Widest global load (16, 8, 4, 2, 1 bytes) that every row start w + n * ldw allows.
 int load_bytes_for(const void* w, int64_t ldw)
@@ -222,18 +196,9 @@ template <int FMT, int MT, bool ASYNC>
 qg_status ensure_smem_limit(const qg_context* ctx)
 {
     static std::atomic<uint64_t> done_mask{0};
-    const int dev = ctx->device;
-    const uint64_t bit = dev >= 0 && dev < 64 ? (uint64_t)1 << dev : 0;
-    if (bit && (done_mask.load(std::memory_order_acquire) & bit)) return QG_OK;
     const int max_dyn = gguf::dynamic_smem_bytes<FMT, MT>(0) + (MT <= 2 ? kXStageBytesSmall : kXStageBytesLarge);
-    const hipError_t e = hipFuncSetAttribute((const void*)gguf::gguf_decode_kernel<FMT, MT, ASYNC>,
-                                             hipFuncAttributeMaxDynamicSharedMemorySize, max_dyn);
-    if (e != hipSuccess) {
-        return set_error(QG_ERR_DEVICE, "gguf decode: setting %d bytes of dynamic shared memory failed: %s", max_dyn,
-                         hipGetErrorString(e));
-    }
-    if (bit) done_mask.fetch_or(bit, std::memory_order_acq_rel);
-    return QG_OK;
+    return launch_util::raise_smem_limit(ctx, (const void*)gguf::gguf_decode_kernel<FMT, MT, ASYNC>, max_dyn, done_mask,
+                                    "gguf decode");
 }
 
 // Chunks of x rows: full chunks of kMaxMTile, then the remainder.

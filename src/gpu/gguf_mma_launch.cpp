@@ -15,11 +15,17 @@
 #endif
 #include "tiers.h"
 #include "gguf_mma.hip"
+#include "launch_util.h"
 
 namespace qg {
 namespace {
 
 using gguf_mma::kCols;
+using launch_util::align16;
+using launch_util::ceil_div;
+using launch_util::dtype_bytes;
+using launch_util::dtype_name;
+using launch_util::format_name;
 using gguf_mma::kThreads;
 using gguf_mma::kWarps;
 
@@ -31,8 +37,6 @@ constexpr int kMaxSplitTiles = 4096;   // row tiles a K split is allowed for (N 
 constexpr int kMaxSplit = 64;
 constexpr size_t kCounterBytes = (size_t)(kMaxSplitTiles + kMaxSplit) * 4;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-size_t align16(size_t v) { return (v + 15) & ~(size_t)15; }
 
 struct Plan {
     int mp;             // rows of x per launch rounded up: 2, 4 or 8 (Slice<MP>)
@@ -102,17 +106,8 @@ template <int FMT, int MP>
 qg_status ensure_smem_limit(const qg_context* ctx, size_t bytes)
 {
     static std::atomic<uint64_t> done_mask{0};
-    const int dev = ctx->device;
-    const uint64_t bit = dev >= 0 && dev < 64 ? (uint64_t)1 << dev : 0;
-    if (bit && (done_mask.load(std::memory_order_acquire) & bit)) return QG_OK;
-    const hipError_t e = hipFuncSetAttribute((const void*)gguf_mma::gguf_mma_kernel<FMT, MP>,
-                                             hipFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (e != hipSuccess) {
-        return set_error(QG_ERR_DEVICE, "gguf decode_mma: setting %zu bytes of dynamic shared memory failed: %s", bytes,
-                         hipGetErrorString(e));
-    }
-    if (bit) done_mask.fetch_or(bit, std::memory_order_acq_rel);
-    return QG_OK;
+    return launch_util::raise_smem_limit(ctx, (const void*)gguf_mma::gguf_mma_kernel<FMT, MP>, (int)bytes, done_mask,
+                                    "gguf decode_mma");
 }
 
 template <int FMT, int MP>
@@ -127,8 +122,6 @@ qg_status launch_gemm(const qg_context* ctx, const Plan& pl, hipStream_t stream,
     return gpu_check_launch("gguf decode_mma");
 }
 
-const char* dtype_name(qg_dtype d) { return d == QG_DTYPE_F32 ? "f32" : d == QG_DTYPE_F16 ? "f16" : "bf16"; }
-int dtype_bytes(qg_dtype d) { return d == QG_DTYPE_F32 ? 4 : 2; }
 
 template <int FMT>
 qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t stream)
@@ -155,9 +148,10 @@ qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t 
         chunk.m = m_valid;
         const Plan pl = make_plan<FMT>(ctx, &chunk);
         if (c == 0 && log_enabled()) {
-            log_once("gguf format=%d m=%lld n=%lld k=%lld x=%s y=%s: decode_mma (int8 x per 32, mma.sync) mp=%d "
+            char name[16];
+            log_once("gguf %s m=%lld n=%lld k=%lld x=%s y=%s: decode_mma (int8 x per 32, mma.sync) mp=%d "
                      "tiles=%d split_k=%d%s blocks/SM~%d smem=%zu%s",
-                     (int)a->format, (long long)a->m, (long long)a->n, (long long)a->k, dtype_name(a->x_dtype),
+                     format_name(a->format, name), (long long)a->m, (long long)a->n, (long long)a->k, dtype_name(a->x_dtype),
                      dtype_name(a->y_dtype), pl.mp, pl.tiles, pl.split, pl.forced ? " (forced)" : "", pl.blocks_per_sm,
                      pl.smem, chunks > 1 ? "; m > 8: one launch pair per 8 rows" : "");
         }
