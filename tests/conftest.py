@@ -8,6 +8,8 @@
 - `poisoned_output`, `assert_close`, `assert_bitwise_equal`: the checking helpers
   (DESIGN "Correctness contract": poisoned outputs with guard bands, normalised error
   with a named bound and the worst coordinate, first mismatch reported bit for bit).
+- PYQUANT_TEST_MARGIN_LOG=<path>: every passing assert_close appends its err/bound there
+  (tools/margins.py runs the suite over many seeds and reports the tightest bounds).
 """
 from __future__ import annotations
 
@@ -152,7 +154,19 @@ def _assert_close(y, ref, bound: float, name: str) -> float:
         raise AssertionError(
             f"{name}: normalised error {err:.3e} > bound {bound:.3e}; worst at {tuple(int(v) for v in i)}: "
             f"got {y[i]!r}, reference {ref[i]!r}")
+    _log_margin(name, err, bound)
     return err
+
+
+def _log_margin(name: str, err: float, bound: float) -> None:
+    """With PYQUANT_TEST_MARGIN_LOG=path, append 'test<TAB>check<TAB>err/bound' for every
+    passing comparison: run the suite over many seeds and a ratio near 1 names a bound that
+    random inputs will one day break (tools/margins.py summarises the log)."""
+    path = os.environ.get("PYQUANT_TEST_MARGIN_LOG")
+    if path and bound > 0:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(path, "a") as f:
+            f.write(f"{test}\t{name}\t{err / bound:.4f}\n")
 
 
 @pytest.fixture
