@@ -154,11 +154,11 @@ def _assert_close(y, ref, bound: float, name: str) -> float:
         raise AssertionError(
             f"{name}: normalised error {err:.3e} > bound {bound:.3e}; worst at {tuple(int(v) for v in i)}: "
             f"got {y[i]!r}, reference {ref[i]!r}")
-    _log_margin(name, err, bound)
+    log_margin(name, err, bound)
     return err
 
 
-def _log_margin(name: str, err: float, bound: float) -> None:
+def log_margin(name: str, err: float, bound: float) -> None:
     """With PYQUANT_TEST_MARGIN_LOG=path, append 'test<TAB>check<TAB>err/bound' for every
     passing comparison: run the suite over many seeds and a ratio near 1 names a bound that
     random inputs will one day break (tools/margins.py summarises the log)."""

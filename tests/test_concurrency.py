@@ -22,6 +22,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from conftest import log_margin
 from raw_gpu import RawGpu
 from pyquant import _lib as L
 from pyquant.formats import FORMATS, int4, mxfp4, reference
@@ -228,6 +229,7 @@ def test_cpu_results_also_match_the_reference(rng):
                 ref = reference.gemm(x, mxfp4.dequantize(blocks, scales), bias)
         err = np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref)
         assert err <= bound[got.dtype], f"{getattr(p, 'kind', 'moe')} ({got.dtype}): normalised error {err:.3e}"
+        log_margin(f"{getattr(p, 'kind', 'moe')} ({got.dtype})", err, bound[got.dtype])
 
 
 # ---------------------------------------------------------------- qg_last_error per thread

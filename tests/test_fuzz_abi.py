@@ -55,6 +55,7 @@ pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from conftest import log_margin  # noqa: E402
 from pyquant import _lib as L  # noqa: E402
 from pyquant.formats import FORMATS, int4, int8_act, mxfp4, reference  # noqa: E402
 
@@ -563,6 +564,7 @@ def assert_close(name, got, ref, ydt, abs_ref, k, roundings=2):
         raise AssertionError(f"{name}: ||y - ref|| = {err:.3e} > bound {bound:.3e} (normalised error "
                              f"{err / max(norm, 1e-300):.3e}); worst at {tuple(int(v) for v in i)}: "
                              f"got {got[i]!r}, reference {ref[i]!r}")
+    log_margin(name, err, bound)
 
 
 def float_input(rng, rows, cols, ld, dt):

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from isolation import run_isolated
+from conftest import log_margin
 from raw_gpu import RawGpu
 from pyquant import _lib as L
 from pyquant.formats import FORMATS, int4, mxfp4, reference
@@ -82,6 +83,7 @@ def assert_like_reference(name, got, ref, ydt, expect_nonfinite=True, exact_clas
         if norm > 0:
             err = np.linalg.norm(got[fin] - ref[fin]) / norm
             assert err <= REL_BOUND[ydt], f"{name}: finite elements: normalised error {err:.3e}"
+            log_margin(name, err, REL_BOUND[ydt])
 
 
 def plant(rng, a, count, values=NONFINITE):
