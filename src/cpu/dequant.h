@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "cpu/convert.h"
 #include "formats/blocks.h"
 #include "formats/iq_tables.h"
@@ -31,6 +33,18 @@ inline uint32_t ld_u32(const uint8_t* p) {
 }
 inline float ld_f16(const uint8_t* p) { return f16_to_f32(ld_u16(p)); }
 
+// Asks for the cache lines of [base + offset, base + offset + bytes) ahead of use. The
+// row decoders call it for the part of their row that the next K chunk will decode, so the
+// row streams from memory while this chunk is decoded and multiplied. Past the row's end
+// (or the buffer's) it is harmless: a prefetch never faults, and the address is formed as
+// an integer, not by pointer arithmetic out of bounds. Measured: bench/NOTES.md, "CPU tier".
+inline void prefetch_range(const void* base, int64_t offset, int64_t bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+    const uintptr_t a = (uintptr_t)base + (uintptr_t)offset;
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch((const void*)(a + (uintptr_t)off));
+#endif
+}
+
 static const int8_t kvalues_iq4nl[16] = QG_KVALUES_IQ4NL;
 static const uint32_t iq3xxs_grid[256] = QG_IQ3XXS_GRID;
 static const uint8_t ksigns_iq2xs[128] = QG_KSIGNS_IQ2XS;
@@ -43,9 +57,9 @@ struct Decoder;
 template <>
 struct Decoder<block_q8_0> {
     static constexpr int elems = 32;
-    static void decode(const uint8_t* b, float* out) {
+    static void decode(const uint8_t* b, float* __restrict__ out) {
         const float d = ld_f16(b + offsetof(block_q8_0, d));
-        const int8_t* qs = (const int8_t*)(b + offsetof(block_q8_0, qs));
+        const int8_t* __restrict__ qs = (const int8_t*)(b + offsetof(block_q8_0, qs));
         for (int i = 0; i < 32; ++i) out[i] = (float)qs[i] * d;
     }
 };
@@ -54,13 +68,12 @@ struct Decoder<block_q8_0> {
 template <>
 struct Decoder<block_q4_0> {
     static constexpr int elems = 32;
-    static void decode(const uint8_t* b, float* out) {
+    static void decode(const uint8_t* b, float* __restrict__ out) {
         const float d = ld_f16(b + offsetof(block_q4_0, d));
-        const uint8_t* qs = b + offsetof(block_q4_0, qs);
-        for (int i = 0; i < 16; ++i) {
-            out[i] = d * (float)((int)(qs[i] & 0x0f) - 8);
-            out[i + 16] = d * (float)((int)(qs[i] >> 4) - 8);
-        }
+        const uint8_t* __restrict__ qs = b + offsetof(block_q4_0, qs);
+        // two contiguous runs (low nibbles, then high) so that each loop vectorises
+        for (int i = 0; i < 16; ++i) out[i] = d * (float)((int)(qs[i] & 0x0f) - 8);
+        for (int i = 0; i < 16; ++i) out[i + 16] = d * (float)((int)(qs[i] >> 4) - 8);
     }
 };
 
@@ -82,7 +95,7 @@ inline void q4_K_scale_min(const uint8_t* s, int j, int* sc, int* m) {
 template <>
 struct Decoder<block_q4_K> {
     static constexpr int elems = QK_K;
-    static void decode(const uint8_t* b, float* out) {
+    static void decode(const uint8_t* b, float* __restrict__ out) {
         const float d = ld_f16(b + offsetof(block_q4_K, d));
         const float dmin = ld_f16(b + offsetof(block_q4_K, dmin));
         const uint8_t* scales = b + offsetof(block_q4_K, scales);
@@ -93,12 +106,10 @@ struct Decoder<block_q4_K> {
             q4_K_scale_min(scales, 2 * c + 1, &sc1, &m1);
             const float d0 = d * (float)sc0, dm0 = dmin * (float)m0;
             const float d1 = d * (float)sc1, dm1 = dmin * (float)m1;
-            const uint8_t* q = qs + 32 * c;
-            float* o = out + 64 * c;
-            for (int i = 0; i < 32; ++i) {
-                o[i] = d0 * (float)(q[i] & 0x0f) - dm0;
-                o[i + 32] = d1 * (float)(q[i] >> 4) - dm1;
-            }
+            const uint8_t* __restrict__ q = qs + 32 * c;
+            float* __restrict__ o = out + 64 * c;
+            for (int i = 0; i < 32; ++i) o[i] = d0 * (float)(q[i] & 0x0f) - dm0;
+            for (int i = 0; i < 32; ++i) o[i + 32] = d1 * (float)(q[i] >> 4) - dm1;
         }
     }
 };
@@ -109,19 +120,26 @@ struct Decoder<block_q4_K> {
 template <>
 struct Decoder<block_q6_K> {
     static constexpr int elems = QK_K;
-    static void decode(const uint8_t* b, float* out) {
-        const uint8_t* ql = b + offsetof(block_q6_K, ql);
-        const uint8_t* qh = b + offsetof(block_q6_K, qh);
+    static void decode(const uint8_t* b, float* __restrict__ out) {
+        const uint8_t* __restrict__ ql = b + offsetof(block_q6_K, ql);
+        const uint8_t* __restrict__ qh = b + offsetof(block_q6_K, qh);
         const int8_t* sc = (const int8_t*)(b + offsetof(block_q6_K, scales));
         const float d = ld_f16(b + offsetof(block_q6_K, d));
-        float ds[16];
-        for (int j = 0; j < 16; ++j) ds[j] = d * (float)sc[j];
+        // r = 32 * part + i: the shifts are constant along each 16-element run (one scale)
         for (int h = 0; h < 2; ++h) {
-            for (int r = 0; r < 128; ++r) {
-                const int lo = (ql[64 * h + (r & 63)] >> (4 * (r >> 6))) & 0x0f;
-                const int hi = (qh[32 * h + (r & 31)] >> (2 * (r >> 5))) & 0x03;
-                const int e = 128 * h + r;
-                out[e] = ds[e >> 4] * (float)((lo | (hi << 4)) - 32);
+            for (int part = 0; part < 4; ++part) {
+                const uint8_t* __restrict__ lo_src = ql + 64 * h + 32 * (part & 1);
+                const uint8_t* __restrict__ hi_src = qh + 32 * h;
+                const int lo_shift = 4 * (part >> 1), hi_shift = 2 * part;
+                for (int half = 0; half < 2; ++half) {
+                    const int e0 = 128 * h + 32 * part + 16 * half;
+                    const float ds = d * (float)sc[e0 >> 4];
+                    for (int i = 16 * half; i < 16 * half + 16; ++i) {
+                        const int lo = (lo_src[i] >> lo_shift) & 0x0f;
+                        const int hi = (hi_src[i] >> hi_shift) & 0x03;
+                        out[e0 + i - 16 * half] = ds * (float)((lo | (hi << 4)) - 32);
+                    }
+                }
             }
         }
     }
@@ -158,31 +176,47 @@ struct Decoder<block_iq4_xs> {
 template <>
 struct Decoder<block_iq3_xxs> {
     static constexpr int elems = QK_K;
-    static void decode(const uint8_t* b, float* out) {
+    static void decode(const uint8_t* b, float* __restrict__ out) {
         const float d = ld_f16(b + offsetof(block_iq3_xxs, d));
         const uint8_t* qs = b + offsetof(block_iq3_xxs, qs);
         for (int j = 0; j < 8; ++j) {
             const uint32_t aux = ld_u32(qs + QK_K / 4 + 4 * j);
             const float db = (d * (0.5f + (float)(aux >> 28))) * 0.5f;
             for (int g = 0; g < 4; ++g) {
-                const uint8_t signs = ksigns_iq2xs[(aux >> (7 * g)) & 127];
-                for (int i = 0; i < 8; ++i) {
-                    const int e = 8 * g + i;  // element within the sub-block
-                    const uint32_t grid = iq3xxs_grid[qs[8 * j + e / 4]];
-                    const float mag = (float)((grid >> (8 * (e % 4))) & 0xff);
-                    const float sign = (signs >> i) & 1 ? -1.0f : 1.0f;
-                    out[32 * j + e] = (db * mag) * sign;
+                const uint32_t signs = ksigns_iq2xs[(aux >> (7 * g)) & 127];
+                // elements 8g..8g+7: two grid entries of four magnitudes each
+                float* __restrict__ o = out + 32 * j + 8 * g;
+                for (int half = 0; half < 2; ++half) {
+                    const uint32_t grid = iq3xxs_grid[qs[8 * j + 2 * g + half]];
+                    for (int i = 0; i < 4; ++i) {
+                        const float mag = (float)((grid >> (8 * i)) & 0xff);
+                        // +-1.0f from the sign bit, without a branch (random signs mispredict)
+                        const float sign = bits_float(0x3f800000u | (((signs >> (4 * half + i)) & 1u) << 31));
+                        o[4 * half + i] = (db * mag) * sign;
+                    }
                 }
             }
         }
     }
 };
 
-// Decodes blocks [b0, b0 + nb) of one GGUF row into out[nb * elems].
+// Decodes blocks [b0, b0 + nb) of one GGUF row into out[nb * elems]. Formats whose
+// decoder is arithmetic go through decode_rows.cpp, compiled once per ISA level
+// (cpu/clones.h). The lookup-table decoders (IQ4_XS, and MXFP4 below) stay plain and
+// inline: where the compiler may vectorise them (AVX2 clones, or __restrict__ pointers)
+// it emits gathers, and the GEMM at 3584 x 1024, M = 1 slowed from 1.2 ms to 1.6-2.6 ms
+// for IQ4_XS on an EPYC core (bench/NOTES.md, "CPU tier").
+template <class Block>
+void decode_row_blocks_cloned(const uint8_t* row, int64_t b0, int64_t nb, float* out);
+
 template <class Block>
 inline void decode_row_blocks(const uint8_t* row, int64_t b0, int64_t nb, float* out) {
-    for (int64_t i = 0; i < nb; ++i) {
-        Decoder<Block>::decode(row + (b0 + i) * (int64_t)sizeof(Block), out + i * Decoder<Block>::elems);
+    if constexpr (std::is_same<Block, block_iq4_xs>::value) {
+        prefetch_range(row, (b0 + nb) * (int64_t)sizeof(Block), nb * (int64_t)sizeof(Block));
+        for (int64_t i = 0; i < nb; ++i)
+            Decoder<Block>::decode(row + (b0 + i) * (int64_t)sizeof(Block), out + i * Decoder<Block>::elems);
+    } else {
+        decode_row_blocks_cloned<Block>(row, b0, nb, out);
     }
 }
 
@@ -202,7 +236,10 @@ inline float e8m0_half(uint8_t e) {
 }
 
 // Decodes 32-element blocks [b0, b0 + nb) of one MXFP4 row: blocks [nblk, 16], scales [nblk].
+// Inline in its callers, not cloned (see decode_row_blocks).
 inline void decode_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t b0, int64_t nb, float* out) {
+    prefetch_range(blocks, (b0 + nb) * MXFP4_BLOCK_BYTES, nb * MXFP4_BLOCK_BYTES);
+    prefetch_range(scales, b0 + nb, nb);
     for (int64_t i = 0; i < nb; ++i) {
         const uint8_t* q = blocks + (b0 + i) * MXFP4_BLOCK_BYTES;
         const float s = e8m0_half(scales[b0 + i]);
@@ -220,23 +257,9 @@ inline void decode_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64
 //   qweight row [K/8] words, nibble i of word j = k 8j+i;  scales row [K/G] (F16 or BF16);
 //   zero z = nibble n%8 of qzeros[n/8][g] (row stride K/G words), or 8 when qzeros is NULL.
 // k0 and kc are multiples of G.
-inline void decode_int4_row(const int32_t* qweight_row, const void* scales_row, qg_dtype scale_dtype,
-                            const int32_t* qzeros, int64_t n, int64_t groups_per_row, int group_size,
-                            int64_t k0, int64_t kc, float* out) {
-    for (int64_t k = k0; k < k0 + kc; k += group_size) {
-        const int64_t g = k / group_size;
-        const float s = load_float(scale_dtype, scales_row, g);
-        const int z = qzeros == nullptr
-                          ? 8
-                          : (int)(((uint32_t)qzeros[(n / 8) * groups_per_row + g] >> (4 * (n % 8))) & 15u);
-        const uint32_t* words = (const uint32_t*)qweight_row + k / 8;
-        float* o = out + (k - k0);
-        for (int w = 0; w < group_size / 8; ++w) {
-            const uint32_t word = words[w];
-            for (int i = 0; i < 8; ++i) o[8 * w + i] = (float)((int)((word >> (4 * i)) & 15u) - z) * s;
-        }
-    }
-}
+void decode_int4_row(const int32_t* qweight_row, const void* scales_row, qg_dtype scale_dtype,
+                     const int32_t* qzeros, int64_t n, int64_t groups_per_row, int group_size, int64_t k0,
+                     int64_t kc, float* out);
 
 }  // namespace cpu
 }  // namespace qg

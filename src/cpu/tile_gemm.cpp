@@ -9,6 +9,8 @@
 // results are compared with a tolerance while dequantization is compared bit for bit.
 #include "cpu/tile_gemm.h"
 
+#include "cpu/clones.h"
+
 namespace qg {
 namespace cpu {
 
@@ -22,11 +24,7 @@ inline float hsum(const float* s) {
 }
 }  // namespace
 
-// On x86-64 Linux one clone per ISA level, picked at load time (ifunc): the library
-// stays portable (baseline SSE2) and uses AVX2 / AVX-512 where the CPU has it.
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
+QG_CPU_CLONES  // one clone per x86-64 ISA level (cpu/clones.h)
 void dot_tile(const float* const* xrows, int64_t k_off, int64_t M, const float* w, int64_t ldw, int R,
               int64_t kc, float* acc) {
     for (int64_t m = 0; m < M; ++m) {

@@ -18,7 +18,10 @@ namespace qg {
 namespace cpu {
 
 constexpr int TILE_N = 16;       // weight rows decoded together (one parallel task)
-constexpr int64_t TILE_K = 256;  // K chunk: 16 rows x 256 floats = 16 KiB, stays in L1
+// K chunk: 16 rows x 1024 floats = 64 KiB of decoded weights (L2). Long chunks keep each
+// row's bytes one sequential run that the row decoders prefetch ahead (dequant.h); at
+// 256 the M = 1 GEMM was latency-bound on cold weights (bench/NOTES.md, "CPU tier").
+constexpr int64_t TILE_K = 1024;
 
 // acc[m * R + r] += sum_{k < kc} xrows[m][k_off + k] * w[r * ldw + k]   (kc % 16 == 0)
 void dot_tile(const float* const* xrows, int64_t k_off, int64_t M, const float* w, int64_t ldw, int R,
