@@ -302,6 +302,22 @@ def test_one_hot_returns_the_decoded_weights(rng, fmt, assert_bitwise_equal):
         _one_hot_check(rng, w, xd, f"one-hot {fmt} {w!r} x={xd}", assert_bitwise_equal)
 
 
+@pytest.mark.parametrize("fmt", list(F.FORMATS))
+def test_one_hot_across_k_chunks(rng, fmt, assert_bitwise_equal):
+    """The CPU tier decodes K in chunks of 1024 (src/cpu/tile_gemm.h TILE_K) and prefetches
+    each row's next chunk: a K of more than one chunk, ending in a partial one, still
+    returns every decoded weight bit for bit (rows > one 16-row tile as well)."""
+    spec = F.get(fmt)
+    if spec.kind == "int4":
+        w = random_int4(rng, 24, 1024 + 128, 128, False, BF16)
+    elif spec.kind == "gguf":
+        w = random_gguf(rng, fmt, 17, 1024 + 2 * spec.block_elems, d_range=None)
+    else:
+        w = random_mxfp4(rng, (17,), 1024 + 64, e_range=(0, 252))
+    _one_hot_check(rng, w, F32 if spec.kind != "int4" else BF16, f"one-hot {fmt} K={w.shape[1]}",
+                   assert_bitwise_equal)
+
+
 # ---------------------------------------------------------------- MoE
 
 def _moe_inputs(rng, t, e, top_k, h, inter, x_dtype, with_bias):
