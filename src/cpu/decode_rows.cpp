@@ -5,28 +5,29 @@
 #include "cpu/clones.h"
 #include "cpu/dequant.h"
 
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "decode_int4_row reads the int32 qweight words byte by byte: little-endian hosts only"
-#endif
-
 namespace qg {
 namespace cpu {
 
 template <class Block>
-QG_CPU_CLONES void decode_row_blocks_cloned(const uint8_t* row, int64_t b0, int64_t nb, float* out) {
+QG_CPU_CLONES void decode_row_blocks(const uint8_t* row, int64_t b0, int64_t nb, float* out) {
     prefetch_range(row, (b0 + nb) * (int64_t)sizeof(Block), nb * (int64_t)sizeof(Block));
     for (int64_t i = 0; i < nb; ++i) {
         Decoder<Block>::decode(row + (b0 + i) * (int64_t)sizeof(Block), out + i * Decoder<Block>::elems);
     }
 }
 
-// IQ4_XS and MXFP4 decode through small lookup tables and are not cloned: dequant.h
-// keeps them inline in their callers (see decode_row_blocks there).
-template void decode_row_blocks_cloned<block_q8_0>(const uint8_t*, int64_t, int64_t, float*);
-template void decode_row_blocks_cloned<block_q4_0>(const uint8_t*, int64_t, int64_t, float*);
-template void decode_row_blocks_cloned<block_q4_K>(const uint8_t*, int64_t, int64_t, float*);
-template void decode_row_blocks_cloned<block_q6_K>(const uint8_t*, int64_t, int64_t, float*);
-template void decode_row_blocks_cloned<block_iq3_xxs>(const uint8_t*, int64_t, int64_t, float*);
+#define QG_X(NAME, BLOCK, ELEMS) template void decode_row_blocks<BLOCK>(const uint8_t*, int64_t, int64_t, float*);
+QG_GGUF_FORMATS(QG_X)
+#undef QG_X
+
+QG_CPU_CLONES void decode_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t b0, int64_t nb, float* out) {
+    prefetch_range(blocks, (b0 + nb) * MXFP4_BLOCK_BYTES, nb * MXFP4_BLOCK_BYTES);
+    prefetch_range(scales, b0 + nb, nb);
+    for (int64_t i = 0; i < nb; ++i) {
+        lut16_pairs(kvalues_mxfp4_x2, blocks + (b0 + i) * MXFP4_BLOCK_BYTES, e8m0_half(scales[b0 + i]),
+                    out + i * MXFP4_BLOCK);
+    }
+}
 
 QG_CPU_CLONES void decode_int4_row(const int32_t* qweight_row, const void* scales_row, qg_dtype scale_dtype,
                                    const int32_t* qzeros, int64_t n, int64_t groups_per_row, int group_size,

@@ -12,11 +12,14 @@
 #include <stdint.h>
 #include <string.h>
 
-#include <type_traits>
-
 #include "cpu/convert.h"
 #include "formats/blocks.h"
 #include "formats/iq_tables.h"
+
+// The decoders read multi-byte words byte by byte (int4 qweight words, IQ3_XXS grid entries).
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the CPU tier's decoders assume a little-endian host"
+#endif
 
 namespace qg {
 namespace cpu {
@@ -46,6 +49,59 @@ inline void prefetch_range(const void* base, int64_t offset, int64_t bytes) {
 }
 
 static const int8_t kvalues_iq4nl[16] = QG_KVALUES_IQ4NL;
+
+// 16-entry table lookups of 4-bit codes, scaled: the decoders of IQ4_XS and MXFP4.
+//   lut16_run:   out[i] = scale * (float)table[(q[i] >> shift) & 15],       i < 16
+//   lut16_pairs: out[2i] = scale * (float)table[q[i] & 15],
+//                out[2i + 1] = scale * (float)table[q[i] >> 4],           i < 16
+// With GCC's vector extensions the lookup is one byte shuffle (pshufb from SSSE3 on, so in
+// the x86-64-v3/v4 clones) and the conversion two widenings; scalar code elsewhere. Either
+// way each output is the same one rounding of scale * table value. A plain loop over the
+// table instead compiles to gathers in the AVX2 clones, which measured slower than scalar
+// code (bench/NOTES.md, "CPU tier").
+#if defined(__GNUC__) && !defined(__clang__)
+typedef int8_t qg_v16i8 __attribute__((vector_size(16)));
+typedef uint8_t qg_v16u8 __attribute__((vector_size(16)));
+typedef int32_t qg_v16i32 __attribute__((vector_size(64)));
+typedef float qg_v16f __attribute__((vector_size(64)));
+
+inline void lut16_store(qg_v16i8 table, qg_v16u8 idx, float scale, float* out) {
+    const qg_v16i8 v = __builtin_shuffle(table, (qg_v16i8)idx);
+    const qg_v16f r = __builtin_convertvector(__builtin_convertvector(v, qg_v16i32), qg_v16f) * scale;
+    memcpy(out, &r, 64);
+}
+
+inline void lut16_run(const int8_t* table, const uint8_t* q, int shift, float scale, float* out) {
+    qg_v16i8 t;
+    qg_v16u8 c;
+    memcpy(&t, table, 16);
+    memcpy(&c, q, 16);
+    lut16_store(t, (qg_v16u8)(c >> shift) & 15, scale, out);
+}
+
+inline void lut16_pairs(const int8_t* table, const uint8_t* q, float scale, float* out) {
+    qg_v16i8 t;
+    qg_v16u8 c;
+    memcpy(&t, table, 16);
+    memcpy(&c, q, 16);
+    const qg_v16u8 lo = c & 15, hi = c >> 4;
+    const qg_v16u8 first = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+    const qg_v16u8 second = first + 8;  // 8, 24, 9, 25, ...
+    lut16_store(t, __builtin_shuffle(lo, hi, first), scale, out);
+    lut16_store(t, __builtin_shuffle(lo, hi, second), scale, out + 16);
+}
+#else
+inline void lut16_run(const int8_t* table, const uint8_t* q, int shift, float scale, float* out) {
+    for (int i = 0; i < 16; ++i) out[i] = scale * (float)table[(q[i] >> shift) & 15];
+}
+
+inline void lut16_pairs(const int8_t* table, const uint8_t* q, float scale, float* out) {
+    for (int i = 0; i < 16; ++i) {
+        out[2 * i] = scale * (float)table[q[i] & 15];
+        out[2 * i + 1] = scale * (float)table[q[i] >> 4];
+    }
+}
+#endif
 static const uint32_t iq3xxs_grid[256] = QG_IQ3XXS_GRID;
 static const uint8_t ksigns_iq2xs[128] = QG_KSIGNS_IQ2XS;
 
@@ -127,10 +183,12 @@ struct Decoder<block_q6_K> {
         const float d = ld_f16(b + offsetof(block_q6_K, d));
         // r = 32 * part + i: the shifts are constant along each 16-element run (one scale)
         for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
             for (int part = 0; part < 4; ++part) {
                 const uint8_t* __restrict__ lo_src = ql + 64 * h + 32 * (part & 1);
                 const uint8_t* __restrict__ hi_src = qh + 32 * h;
                 const int lo_shift = 4 * (part >> 1), hi_shift = 2 * part;
+#pragma GCC unroll 2
                 for (int half = 0; half < 2; ++half) {
                     const int e0 = 128 * h + 32 * part + 16 * half;
                     const float ds = d * (float)sc[e0 >> 4];
@@ -159,12 +217,8 @@ struct Decoder<block_iq4_xs> {
         for (int j = 0; j < 8; ++j) {
             const int ls = ((scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((scales_h >> (2 * j)) & 0x03) << 4);
             const float dl = d * (float)(ls - 32);
-            const uint8_t* q = qs + 16 * j;
-            float* o = out + 32 * j;
-            for (int i = 0; i < 16; ++i) {
-                o[i] = dl * (float)kvalues_iq4nl[q[i] & 0x0f];
-                o[i + 16] = dl * (float)kvalues_iq4nl[q[i] >> 4];
-            }
+            lut16_run(kvalues_iq4nl, qs + 16 * j, 0, dl, out + 32 * j);
+            lut16_run(kvalues_iq4nl, qs + 16 * j, 4, dl, out + 32 * j + 16);
         }
     }
 };
@@ -182,50 +236,36 @@ struct Decoder<block_iq3_xxs> {
         for (int j = 0; j < 8; ++j) {
             const uint32_t aux = ld_u32(qs + QK_K / 4 + 4 * j);
             const float db = (d * (0.5f + (float)(aux >> 28))) * 0.5f;
-            for (int g = 0; g < 4; ++g) {
-                const uint32_t signs = ksigns_iq2xs[(aux >> (7 * g)) & 127];
-                // elements 8g..8g+7: two grid entries of four magnitudes each
-                float* __restrict__ o = out + 32 * j + 8 * g;
-                for (int half = 0; half < 2; ++half) {
-                    const uint32_t grid = iq3xxs_grid[qs[8 * j + 2 * g + half]];
-                    for (int i = 0; i < 4; ++i) {
-                        const float mag = (float)((grid >> (8 * i)) & 0xff);
-                        // +-1.0f from the sign bit, without a branch (random signs mispredict)
-                        const float sign = bits_float(0x3f800000u | (((signs >> (4 * half + i)) & 1u) << 31));
-                        o[4 * half + i] = (db * mag) * sign;
-                    }
-                }
+            // the 32 magnitudes: byte 4l + b of grid[] is byte b of grid entry l (little-endian)
+            uint32_t grid[8];
+            for (int l = 0; l < 8; ++l) grid[l] = iq3xxs_grid[qs[8 * j + l]];
+            uint8_t mag[32];
+            memcpy(mag, grid, 32);
+            // bit e of signs: element e negative (four 8-bit sign patterns)
+            uint32_t signs = 0;
+            for (int g = 0; g < 4; ++g) signs |= (uint32_t)ksigns_iq2xs[(aux >> (7 * g)) & 127] << (8 * g);
+            float* __restrict__ o = out + 32 * j;
+            for (int e = 0; e < 32; ++e) {
+                // +-1.0f from the sign bit, without a branch (random signs mispredict)
+                const float sign = bits_float(0x3f800000u | (((signs >> e) & 1u) << 31));
+                o[e] = (db * (float)mag[e]) * sign;
             }
         }
     }
 };
 
-// Decodes blocks [b0, b0 + nb) of one GGUF row into out[nb * elems]. Formats whose
-// decoder is arithmetic go through decode_rows.cpp, compiled once per ISA level
-// (cpu/clones.h). The lookup-table decoders (IQ4_XS, and MXFP4 below) stay plain and
-// inline: where the compiler may vectorise them (AVX2 clones, or __restrict__ pointers)
-// it emits gathers, and the GEMM at 3584 x 1024, M = 1 slowed from 1.2 ms to 1.6-2.6 ms
-// for IQ4_XS on an EPYC core (bench/NOTES.md, "CPU tier").
+// Row decoders (decode_rows.cpp, compiled once per ISA level: cpu/clones.h). Each also
+// prefetches the part of its row that the next K chunk will decode.
+// Decodes blocks [b0, b0 + nb) of one GGUF row into out[nb * elems].
 template <class Block>
-void decode_row_blocks_cloned(const uint8_t* row, int64_t b0, int64_t nb, float* out);
-
-template <class Block>
-inline void decode_row_blocks(const uint8_t* row, int64_t b0, int64_t nb, float* out) {
-    if constexpr (std::is_same<Block, block_iq4_xs>::value) {
-        prefetch_range(row, (b0 + nb) * (int64_t)sizeof(Block), nb * (int64_t)sizeof(Block));
-        for (int64_t i = 0; i < nb; ++i)
-            Decoder<Block>::decode(row + (b0 + i) * (int64_t)sizeof(Block), out + i * Decoder<Block>::elems);
-    } else {
-        decode_row_blocks_cloned<Block>(row, b0, nb, out);
-    }
-}
+void decode_row_blocks(const uint8_t* row, int64_t b0, int64_t nb, float* out);
 
 // ------------------------------------------------------------------ MXFP4 (OCP layout)
 
 // E2M1 code -> value times two (the gguf package's doubled table), so that the value is
 // kvalue * 2^(e - 128); both factors are exact, as is their product in float (gguf-py
 // computes the same product). Code 8 (OCP -0) decodes to +0 as in gguf-py's int8 table.
-static const float kvalues_mxfp4_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static const int8_t kvalues_mxfp4_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // E8M0 scale byte -> 2^(e - 128) as float bits (half the OCP scale 2^(e - 127));
 // e = 255 is NaN in OCP MX, e < 2 are float subnormals.
@@ -236,20 +276,7 @@ inline float e8m0_half(uint8_t e) {
 }
 
 // Decodes 32-element blocks [b0, b0 + nb) of one MXFP4 row: blocks [nblk, 16], scales [nblk].
-// Inline in its callers, not cloned (see decode_row_blocks).
-inline void decode_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t b0, int64_t nb, float* out) {
-    prefetch_range(blocks, (b0 + nb) * MXFP4_BLOCK_BYTES, nb * MXFP4_BLOCK_BYTES);
-    prefetch_range(scales, b0 + nb, nb);
-    for (int64_t i = 0; i < nb; ++i) {
-        const uint8_t* q = blocks + (b0 + i) * MXFP4_BLOCK_BYTES;
-        const float s = e8m0_half(scales[b0 + i]);
-        float* o = out + i * MXFP4_BLOCK;
-        for (int j = 0; j < MXFP4_BLOCK_BYTES; ++j) {
-            o[2 * j] = s * kvalues_mxfp4_x2[q[j] & 0x0f];
-            o[2 * j + 1] = s * kvalues_mxfp4_x2[q[j] >> 4];
-        }
-    }
-}
+void decode_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t b0, int64_t nb, float* out);
 
 // ------------------------------------------------------------------ int4 group (W4A16)
 
