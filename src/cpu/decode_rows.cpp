@@ -8,15 +8,21 @@
 namespace qg {
 namespace cpu {
 
+namespace {
 template <class Block>
-QG_CPU_CLONES void decode_row_blocks(const uint8_t* row, int64_t b0, int64_t nb, float* out) {
+inline void decode_blocks(const uint8_t* row, int64_t b0, int64_t nb, float* out) {
     prefetch_range(row, (b0 + nb) * (int64_t)sizeof(Block), nb * (int64_t)sizeof(Block));
     for (int64_t i = 0; i < nb; ++i) {
         Decoder<Block>::decode(row + (b0 + i) * (int64_t)sizeof(Block), out + i * Decoder<Block>::elems);
     }
 }
+}  // namespace
 
-#define QG_X(NAME, BLOCK, ELEMS) template void decode_row_blocks<BLOCK>(const uint8_t*, int64_t, int64_t, float*);
+#define QG_X(NAME, BLOCK, ELEMS)                                                                    \
+    QG_CPU_CLONES void decode_row_blocks(const BLOCK*, const uint8_t* row, int64_t b0, int64_t nb, \
+                                         float* out) {                                             \
+        decode_blocks<BLOCK>(row, b0, nb, out);                                                    \
+    }
 QG_GGUF_FORMATS(QG_X)
 #undef QG_X
 

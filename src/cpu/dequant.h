@@ -256,9 +256,17 @@ struct Decoder<block_iq3_xxs> {
 
 // Row decoders (decode_rows.cpp, compiled once per ISA level: cpu/clones.h). Each also
 // prefetches the part of its row that the next K chunk will decode.
-// Decodes blocks [b0, b0 + nb) of one GGUF row into out[nb * elems].
+// Decodes blocks [b0, b0 + nb) of one GGUF row into out[nb * elems]. One plain function
+// per format (the Block pointer only picks the overload): clang 19 crashes on
+// target_clones on a function template.
+#define QG_X(NAME, BLOCK, ELEMS) void decode_row_blocks(const BLOCK*, const uint8_t* row, int64_t b0, int64_t nb, float* out);
+QG_GGUF_FORMATS(QG_X)
+#undef QG_X
+
 template <class Block>
-void decode_row_blocks(const uint8_t* row, int64_t b0, int64_t nb, float* out);
+inline void decode_row_blocks(const uint8_t* row, int64_t b0, int64_t nb, float* out) {
+    decode_row_blocks(static_cast<const Block*>(nullptr), row, b0, nb, out);
+}
 
 // ------------------------------------------------------------------ MXFP4 (OCP layout)
 
