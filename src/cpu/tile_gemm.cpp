@@ -26,10 +26,10 @@ inline float hsum(const float* s) {
 
 QG_CPU_CLONES  // one clone per x86-64 ISA level (cpu/clones.h)
 void dot_tile(const float* const* xrows, int64_t k_off, int64_t M, const float* w, int64_t ldw, int R,
-              int64_t kc, float* acc) {
+              int64_t kc, float* acc, int64_t ldacc) {
     for (int64_t m = 0; m < M; ++m) {
         const float* __restrict__ x = xrows[m] + k_off;
-        float* a = acc + m * R;
+        float* a = acc + m * ldacc;
         int r = 0;
         for (; r + 4 <= R; r += 4) {
             const float* __restrict__ w0 = w + (r + 0) * ldw;
