@@ -232,6 +232,33 @@ def test_cpu_results_also_match_the_reference(rng):
         log_margin(f"{getattr(p, 'kind', 'moe')} ({got.dtype})", err, bound[got.dtype])
 
 
+def test_cpu_pool_serves_a_forked_child():
+    """The CPU tier keeps a pool of worker threads (src/cpu/parallel.cpp). A child forked
+    after the parent used it has none of those threads (and maybe a lock held at the
+    fork): its calls must still finish, with the parent's bits. Runs in a fresh
+    interpreter so that pytest's own threads are not forked; a hang fails on timeout."""
+    import os
+    import subprocess
+    import sys
+    script = """
+import os, sys, numpy as np, pyquant
+ctx = pyquant.Context("cpu"); ctx.set_option("cpu_threads", 4)
+rng = np.random.default_rng(5)
+w = pyquant.quantize(rng.standard_normal((256, 512)).astype(np.float32), "q4_K")
+x = rng.standard_normal((3, 512)).astype(np.float32)
+want = pyquant.gemm(x, w, ctx=ctx)          # the parent starts the pool
+pid = os.fork()
+if pid == 0:
+    got = pyquant.gemm(x, w, ctx=ctx)
+    os._exit(0 if got.tobytes() == want.tobytes() else 3)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, "-c", script], env=env, timeout=120, capture_output=True, text=True)
+    assert r.returncode == 0, f"forked child: exit {r.returncode} (3 = different bits)\n{r.stderr[-2000:]}"
+
+
 # ---------------------------------------------------------------- qg_last_error per thread
 
 def test_last_error_is_per_thread():

@@ -1,6 +1,9 @@
-// A small parallel_for for the CPU tier: tasks [0, n_tasks) handed out one at a time
-// from an atomic counter to std::threads (dynamic scheduling: tiles cost the same on
-// paper, but the host's other load does not). The calling thread works too.
+// parallel_for for the CPU tier: tasks [0, n_tasks) handed out one at a time from an
+// atomic counter (dynamic scheduling: tiles cost the same on paper, but the host's other
+// load does not) to the calling thread and to helpers from one process-wide pool of
+// worker threads (parallel.cpp). The pool starts threads when a call first needs them
+// and keeps them, so a call pays a wake-up, not a thread start: starting threads per
+// call cost about 25 us per thread (bench/NOTES.md, "CPU tier").
 #pragma once
 
 #include <stdint.h>
@@ -9,9 +12,8 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <thread>
-#include <vector>
+#include <type_traits>
 
 #include "tiers.h"
 
@@ -30,10 +32,16 @@ inline int thread_count(const qg_context* ctx) {
     return hw == 0 ? 1 : (int)hw;
 }
 
-// Calls fn(task, worker) for every task in [0, n_tasks); worker in [0, threads) names
-// the thread so that fn can use per-worker scratch. Returns when all tasks are done.
-// If a thread cannot be started the remaining workers (at least the caller) finish
-// the tasks: the result never depends on the thread count.
+using TaskFn = void (*)(void* fn, int64_t task, int worker);
+
+// Runs fn(fn_state, task, worker) for every task with the caller and up to helpers pool
+// threads; returns when every task is done. Helpers that are busy with other calls, or
+// that cannot be started, leave their share to the others (at least the caller): the
+// result never depends on how many helped.
+void run_parallel(int64_t n_tasks, int helpers, TaskFn fn, void* fn_state);
+
+// Calls fn(task, worker) for every task in [0, n_tasks), on at most `threads` threads;
+// worker in [0, threads) is unique among the threads of this call.
 template <class Fn>
 void parallel_for(int64_t n_tasks, int threads, Fn&& fn) {
     if (n_tasks <= 0) return;
@@ -42,24 +50,10 @@ void parallel_for(int64_t n_tasks, int threads, Fn&& fn) {
         for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
         return;
     }
-    std::atomic<int64_t> next{0};
-    auto work = [&](int worker) {
-        for (int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < n_tasks;
-             t = next.fetch_add(1, std::memory_order_relaxed)) {
-            fn(t, worker);
-        }
-    };
-    std::vector<std::thread> pool;
-    pool.reserve(workers - 1);
-    for (int w = 1; w < workers; ++w) {
-        try {
-            pool.emplace_back(work, w);
-        } catch (...) {
-            break;  // fewer threads; the ones running (and the caller) take the rest
-        }
-    }
-    work(0);
-    for (auto& t : pool) t.join();
+    using F = std::remove_reference_t<Fn>;
+    run_parallel(
+        n_tasks, workers - 1, [](void* f, int64_t t, int w) { (*static_cast<F*>(f))(t, w); },
+        const_cast<void*>(static_cast<const void*>(&fn)));
 }
 
 }  // namespace cpu

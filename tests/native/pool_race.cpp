@@ -1,0 +1,81 @@
+// The CPU tier's worker pool under ThreadSanitizer (.ci/tsan_check.sh): 16 user threads
+// call qg_gguf_gemm at once, 50 times each, through contexts of 1 to 4 worker threads and
+// through one shared context of every hardware thread, so jobs of different sizes share
+// the pool. Every result must equal the serial one bit for bit; TSan aborts on any race.
+#include <stdio.h>
+#include <string.h>
+
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "quantgemm.h"
+
+namespace {
+
+constexpr int64_t N = 96, K = 512, M = 3, ROW_BYTES = K / 32 * 34;  // Q8_0: 34-byte blocks
+
+qg_status gemm(qg_context* ctx, const std::vector<uint8_t>& w, const std::vector<float>& x, std::vector<float>* y) {
+    qg_gguf_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.size = sizeof a;
+    a.format = QG_FORMAT_Q8_0;
+    a.m = M;
+    a.n = N;
+    a.k = K;
+    a.x_dtype = a.y_dtype = QG_DTYPE_F32;
+    a.x = x.data();
+    a.ldx = K;
+    a.w = w.data();
+    a.ldw = ROW_BYTES;
+    a.y = y->data();
+    a.ldy = N;
+    return qg_gguf_gemm(ctx, &a, nullptr);
+}
+
+qg_context* cpu_context(int threads) {
+    qg_context* ctx = nullptr;
+    if (qg_context_create(QG_BACKEND_CPU, 0, &ctx) != QG_OK ||
+        qg_context_set_option(ctx, "cpu_threads", threads) != QG_OK) {
+        fprintf(stderr, "context: %s\n", qg_last_error());
+        return nullptr;
+    }
+    return ctx;
+}
+
+}  // namespace
+
+int main() {
+    std::mt19937 g(3);
+    std::vector<uint8_t> w(N * ROW_BYTES);
+    for (auto& c : w) c = (uint8_t)(g() & 0x3f);  // fp16 scales 0x3f3f and below: finite
+    std::vector<float> x(M * K);
+    for (auto& v : x) v = (float)(g() % 100) / 50.0f - 1.0f;
+
+    qg_context* serial = cpu_context(1);
+    qg_context* shared = cpu_context(0);
+    if (serial == nullptr || shared == nullptr) return 1;
+    std::vector<float> want(M * N);
+    if (gemm(serial, w, x, &want) != QG_OK) return 1;
+
+    constexpr int USERS = 16, CALLS = 50;
+    std::vector<int> mismatches(USERS, 0);
+    std::vector<std::thread> users;
+    for (int t = 0; t < USERS; ++t) {
+        users.emplace_back([&, t] {
+            qg_context* ctx = t % 2 ? shared : cpu_context(1 + t % 4);
+            std::vector<float> y(M * N);
+            for (int c = 0; c < CALLS; ++c) {
+                std::fill(y.begin(), y.end(), -1.0f);
+                if (ctx == nullptr || gemm(ctx, w, x, &y) != QG_OK || memcmp(y.data(), want.data(), y.size() * 4))
+                    ++mismatches[t];
+            }
+            if (ctx != shared && ctx != nullptr) qg_context_destroy(ctx);
+        });
+    }
+    for (auto& u : users) u.join();
+    int bad = 0;
+    for (int m : mismatches) bad += m;
+    printf("pool_race: %d user threads x %d calls, %d differ from the serial result\n", USERS, CALLS, bad);
+    return bad == 0 ? 0 : 1;
+}
