@@ -153,7 +153,8 @@ QG_API qg_status qg_context_backend(const qg_context* ctx, qg_backend* backend);
 /* Device name ("NVIDIA H200", or the CPU model for the CPU backend). */
 QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t buf_size);
 /* Tuning and testing knobs; they never change results beyond the documented tolerance.
- *   "cpu_threads"  : worker threads of the CPU backend (0 = all hardware threads)
+ *   "cpu_threads"  : worker threads of the CPU backend (0 = automatic: up to all hardware
+ *                    threads, fewer for a GEMM too small to share)
  *   "w4a16_tier"   : 0 auto, 1 portable SIMT tier, 2 decode (matrix units), 3 prefill (GPU backends)
  *   "gguf_tier"    : 0 auto, 1 float decode (x kept in fp32; portable), 2 int8 decode (x quantized
  *                    to int8 per 32 elements as ggml's q8_1, integer mma; NVIDIA sm_80+, w and

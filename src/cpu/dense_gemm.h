@@ -19,12 +19,19 @@ namespace cpu {
 // accumulators (256 x 16 floats = 16 KiB); every weight tile is decoded once per pass.
 constexpr int64_t M_BLOCK = 256;
 
+constexpr int64_t MIN_WORK_PER_THREAD = 1 << 16;
+
 // decode(n, k0, kc, dst): dequantized elements [k0, k0 + kc) of weight row n.
 // store(m, n, v): writes the fp32 result v of y[m, n] (rounding is the caller's).
 template <class Decode, class Store>
 void dense_gemm(const qg_context* ctx, int64_t M, int64_t N, int64_t K, qg_dtype x_dtype, const void* x,
                 int64_t ldx, Decode&& decode, Store&& store) {
-    const int threads = thread_count(ctx);
+    // cpu_threads = 0 (automatic): a helper costs a wake-up (about 5 us), so each thread
+    // gets at least MIN_WORK_PER_THREAD weight elements (~10 us of decoding). An explicit
+    // cpu_threads is used as given (up to one thread per tile).
+    int threads = thread_count(ctx);
+    if (ctx == nullptr || ctx->cpu_threads <= 0)
+        threads = (int)std::min<int64_t>(threads, std::max<int64_t>(1, N * K / MIN_WORK_PER_THREAD));
     const int64_t n_tiles = (N + TILE_N - 1) / TILE_N;
     const int esize = dtype_bytes(x_dtype);
     std::vector<float> xf;
