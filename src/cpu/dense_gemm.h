@@ -27,11 +27,14 @@ template <class Decode, class Store>
 void dense_gemm(const qg_context* ctx, int64_t M, int64_t N, int64_t K, qg_dtype x_dtype, const void* x,
                 int64_t ldx, Decode&& decode, Store&& store) {
     // cpu_threads = 0 (automatic): a helper costs a wake-up (about 5 us), so each thread
-    // gets at least MIN_WORK_PER_THREAD weight elements (~10 us of decoding). An explicit
-    // cpu_threads is used as given (up to one thread per tile).
+    // gets at least MIN_WORK_PER_THREAD units of work (5-10 us), a unit being one weight
+    // element decoded or four multiply-adds of it (decoding costs about as much as four
+    // activation rows). An explicit cpu_threads is used as given (up to one thread per tile).
     int threads = thread_count(ctx);
-    if (ctx == nullptr || ctx->cpu_threads <= 0)
-        threads = (int)std::min<int64_t>(threads, std::max<int64_t>(1, N * K / MIN_WORK_PER_THREAD));
+    if (ctx == nullptr || ctx->cpu_threads <= 0) {
+        const double work = (double)N * (double)K * (1.0 + (double)M / 4.0);
+        threads = (int)std::max(1.0, std::min((double)threads, work / (double)MIN_WORK_PER_THREAD));
+    }
     const int64_t n_tiles = (N + TILE_N - 1) / TILE_N;
     const int esize = dtype_bytes(x_dtype);
     std::vector<float> xf;

@@ -8,6 +8,10 @@
 // Several calls from different user threads share the pool; none waits for a helper to
 // start, only for helpers already working on its own tasks.
 //
+// An exception thrown by a task (std::bad_alloc, say) stops the job: no more tasks are
+// handed out, and the caller rethrows it once every helper has left, whichever thread
+// threw; the entry point turns it into an error status (api.cpp).
+//
 // Threads are detached and never end: the pool is allocated once and never freed, so
 // process exit does not wait for them. After fork() the child gets a fresh, empty pool
 // (the parent's threads do not exist there, and its lock may have been held).
@@ -16,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <vector>
 #if defined(__unix__)
@@ -35,7 +40,10 @@ struct Job {
     int helpers_wanted = 0;  // the fields below are guarded by Pool::mu
     int joined = 0;
     int active = 0;
+    std::exception_ptr error;  // the first exception a helper's task threw
 };
+
+void stop(Job& job) { job.next.store(job.n_tasks, std::memory_order_relaxed); }  // no more tasks handed out
 
 void execute(Job& job, int worker) {
     for (int64_t t = job.next.fetch_add(1, std::memory_order_relaxed); t < job.n_tasks;
@@ -65,8 +73,15 @@ struct Pool {
             ++job->active;
             if (job->joined == job->helpers_wanted) close(job);
             lk.unlock();
-            execute(*job, worker);
+            std::exception_ptr error;
+            try {
+                execute(*job, worker);
+            } catch (...) {  // handed to the caller, which rethrows it (api.cpp reports it)
+                error = std::current_exception();
+                stop(*job);
+            }
             lk.lock();
+            if (error && !job->error) job->error = error;
             if (--job->active == 0) done_cv.notify_all();
         }
     }
@@ -89,10 +104,12 @@ struct Pool {
         try {
             execute(job, 0);
         } catch (...) {
+            stop(job);
             finish(job);
             throw;
         }
         finish(job);
+        if (job.error) std::rethrow_exception(job.error);  // read after every helper left
     }
 
     void finish(Job& job) {

@@ -1,7 +1,8 @@
 // The CPU tier's worker pool under ThreadSanitizer (.ci/tsan_check.sh): 16 user threads
-// call qg_gguf_gemm at once, 50 times each, through contexts of 1 to 4 worker threads and
-// through one shared context of every hardware thread, so jobs of different sizes share
-// the pool. Every result must equal the serial one bit for bit; TSan aborts on any race.
+// call qg_gguf_gemm at once, 50 times each, through contexts of their own with 2 to 5
+// worker threads and through one shared context of 4, so jobs asking for 1 to 4 helpers
+// share the pool. Every result must equal the serial one bit for bit; TSan aborts on any
+// race.
 #include <stdio.h>
 #include <string.h>
 
@@ -53,7 +54,7 @@ int main() {
     for (auto& v : x) v = (float)(g() % 100) / 50.0f - 1.0f;
 
     qg_context* serial = cpu_context(1);
-    qg_context* shared = cpu_context(0);
+    qg_context* shared = cpu_context(4);
     if (serial == nullptr || shared == nullptr) return 1;
     std::vector<float> want(M * N);
     if (gemm(serial, w, x, &want) != QG_OK) return 1;
@@ -63,7 +64,7 @@ int main() {
     std::vector<std::thread> users;
     for (int t = 0; t < USERS; ++t) {
         users.emplace_back([&, t] {
-            qg_context* ctx = t % 2 ? shared : cpu_context(1 + t % 4);
+            qg_context* ctx = t % 3 == 0 ? shared : cpu_context(2 + t % 4);
             std::vector<float> y(M * N);
             for (int c = 0; c < CALLS; ++c) {
                 std::fill(y.begin(), y.end(), -1.0f);
