@@ -24,7 +24,7 @@ from .formats import mxfp4 as _mxfp4
 from ._lib import Activation, DType, GateUpLayout
 from .device import (Context, DeviceArray, DeviceView, _err, as_dtype, cpu_context, dtype_name,
                      gpu_context, qg_dtype_of, stream_handle)
-from .weights import GGUFWeight, Int4Weight, MXFP4Weight, SCALE_QG_DTYPE, _format_spec
+from .weights import GGUFWeight, Int4Weight, MXFP4Weight, SCALE_QG_DTYPE, _format_spec, _require_contiguous
 
 _ACT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), as_dtype("bfloat16"))
 
@@ -59,10 +59,20 @@ def quantize(W: np.ndarray, fmt: str, **kw):
     if kw:
         raise _err(f"quantize({spec.name!r}) takes no options, got {sorted(kw)}")
     if spec.kind == "mxfp4":
-        return MXFP4Weight(*spec.module.quantize(W))
-    if W.ndim != 2:
-        raise _err(f"W must be 2-D [N, K] for {spec.name}, got shape {W.shape}")
-    return GGUFWeight(spec.name, spec.module.quantize(W.astype(np.float32)), shape=W.shape)
+        if W.ndim not in (2, 3) or 0 in W.shape:
+            raise _err(f"W must be [N, K] or stacked [E, N, K] with no empty axis for mxfp4, "
+                       f"got shape {W.shape}")
+        try:
+            return MXFP4Weight(*spec.module.quantize(W))
+        except (ValueError, TypeError) as e:
+            raise _err(str(e)) from None
+    if W.ndim != 2 or 0 in W.shape:
+        raise _err(f"W must be 2-D [N, K] with N, K > 0 for {spec.name}, got shape {W.shape}")
+    try:
+        raw = spec.module.quantize(W.astype(np.float32))
+    except (ValueError, TypeError) as e:
+        raise _err(str(e)) from None
+    return GGUFWeight(spec.name, raw, shape=W.shape)
 
 
 def from_gguf(fmt: str, raw, shape=None):
@@ -105,20 +115,38 @@ def from_mxfp4(blocks, scales, bias=None) -> MXFP4Weight:
 
 # ---------------------------------------------------------------- operands
 
+def _needs_copy(a: np.ndarray) -> bool:
+    """A 2-D numpy array the C ABI cannot take as it is: columns not unit-strided, rows
+    not at a positive stride of whole elements that clears the row before (broadcast,
+    overlapping or reversed rows), or data not aligned to its element size."""
+    if a.ndim != 2 or a.size == 0:
+        return False
+    rows, cols = a.shape
+    rs, cs = a.strides
+    if cols > 1 and cs != a.itemsize:
+        return True
+    if rows > 1 and (rs < cols * a.itemsize or rs % a.itemsize):
+        return True
+    return rs < 0 or not a.flags.aligned
+
+
 def _operand(obj: Any, name: str, allow_copy: bool = True) -> DeviceView:
-    """DeviceView of an operand. numpy arrays that are not row-strided are copied (host,
-    harmless) when allow_copy; outputs never are (the result would land in the copy)."""
+    """DeviceView of an operand. numpy arrays the C ABI cannot take as they are
+    (_needs_copy) are copied (host, harmless) when allow_copy; outputs never are (the
+    result would land in the copy)."""
     if isinstance(obj, DeviceView):
         return obj
     if isinstance(obj, DeviceArray):
+        obj._live(name)
         return obj.view()
     if isinstance(obj, np.ndarray):
-        if obj.ndim == 2 and obj.size and (obj.strides[1] != obj.itemsize and obj.shape[1] > 1
-                                           or obj.strides[0] < 0):
+        if _needs_copy(obj):
             if not allow_copy:
-                raise _err(f"{name} must have unit stride along its columns and a positive row "
-                           f"stride (strides {obj.strides} bytes)")
-            obj = np.ascontiguousarray(obj)
+                raise _err(f"{name} must have unit stride along its columns, rows that do not "
+                           f"overlap at a positive stride of whole elements, and aligned data "
+                           f"(shape {obj.shape}, strides {obj.strides} bytes, "
+                           f"aligned={obj.flags.aligned}): it is written in place, not copied")
+            obj = np.require(obj, requirements=["C", "A"])  # copies a misaligned C-contiguous one too
         return DeviceView(obj.ctypes.data, obj.shape, obj.dtype, obj.strides, ctx=None,
                           on_device=False, owner=obj)
     if hasattr(obj, "__cuda_array_interface__"):
@@ -147,7 +175,8 @@ def _pick_context(operands: dict, ctx: Context | None) -> Context:
         raise _err(f"operands belong to different contexts: {desc}")
     own = next(iter(ctxs.values()))[0] if ctxs else None
     if ctx is not None and own is not None and ctx is not own:
-        raise _err(f"ctx={ctx!r} but the operands belong to {own!r}")
+        raise _err(f"ctx={ctx!r} is not the context the operands belong to ({own!r}, "
+                   f"another Context object): pass that one, or none")
     chosen = ctx or own
     if dev:
         chosen = chosen or gpu_context()
@@ -234,7 +263,8 @@ class GemmPlan:
     """gemm() with its checks and argument struct done once: each call() launches on the
     same x, weight and output buffers (refill x in place between calls), costing one
     C call from Python instead of the argument checks and struct building of gemm()
-    (about 60 us per call on a CPU context, measured: bench/NOTES.md). The plan holds its
+    (gemm() costs about 25 us of Python per call, a plan call about 3 us more than the
+    work itself on a CPU context, measured: bench/NOTES.md). The plan holds its
     operands and its workspace alive; the library still checks every argument on every
     launch. Build one with pyquant.gemm_plan()."""
 
@@ -242,8 +272,9 @@ class GemmPlan:
         self._call = _GemmCall(x, w, out, out_dtype, ctx, stream)
         c = self._call
         if isinstance(x, np.ndarray) and c.args.x != (x.ctypes.data or None):
-            raise _err("gemm_plan: x must have unit stride along its columns and a positive row "
-                       f"stride (strides {x.strides} bytes): a copy would not see x refilled")
+            raise _err("gemm_plan: x must have unit stride along its columns, rows that do not "
+                       "overlap at a positive stride of whole elements, and aligned data "
+                       f"(strides {x.strides} bytes): a copy would not see x refilled")
         nbytes = ctypes.c_size_t(0)
         c.query(c.ctx.handle, ctypes.byref(c.args), ctypes.byref(nbytes))
         self._workspace = c.ctx.workspace_array(nbytes.value, c.stream)
@@ -364,6 +395,12 @@ def _index_operand(a, name: str, dtype, kind: str) -> DeviceView:
     if isinstance(a, np.ndarray):
         if a.dtype.kind not in kind:
             raise _err(f"{name} has dtype {a.dtype}; expected {np.dtype(dtype).name}")
+        if a.dtype.kind in "iu" and a.size:
+            info = np.iinfo(dtype)
+            lo, hi = int(a.min()), int(a.max())
+            if lo < info.min or hi > info.max:
+                bad = lo if lo < info.min else hi
+                raise _err(f"{name} holds {bad}, outside {np.dtype(dtype).name} (the kernels' index type)")
         return _operand(np.ascontiguousarray(a, dtype=dtype), name)
     v = _operand(a, name)
     if v.dtype != np.dtype(dtype):
@@ -414,8 +451,9 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
         raise _err(f"topk_weights has shape {tuple(wtv.shape)}, expected {tuple(idv.shape)}")
     b13 = w13_bias if w13_bias is not None else w13.bias
     b2 = w2_bias if w2_bias is not None else w2.bias
-    b13v = _operand(b13, "w13_bias") if b13 is not None else None
-    b2v = _operand(b2, "w2_bias") if b2 is not None else None
+    # the C ABI takes biases without a row stride: numpy ones are made contiguous
+    b13v = _operand(_require_contiguous(b13, "w13_bias"), "w13_bias") if b13 is not None else None
+    b2v = _operand(_require_contiguous(b2, "w2_bias"), "w2_bias") if b2 is not None else None
     for bv, name, shape in ((b13v, "w13_bias", (e, two_i)), (b2v, "w2_bias", (e, h))):
         if bv is not None and tuple(bv.shape) != shape:
             raise _err(f"{name} has shape {tuple(bv.shape)}, expected {shape}")
@@ -430,6 +468,8 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
     yv, y_np_dtype = _output(out, (t, h), out_dtype, xv.dtype)
     if yv is not None:
         ops["out"] = yv
+    elif y_np_dtype not in _ACT_DTYPES:
+        raise _err(f"out_dtype {dtype_name(y_np_dtype)} is not float32, float16 or bfloat16")
     c = _pick_context(ops, ctx)
     numpy_result = isinstance(x, np.ndarray)
     result = out

@@ -84,7 +84,17 @@ def qg_dtype_of(dtype: np.dtype) -> DType:
 
 
 def dtype_name(dtype: np.dtype) -> str:
-    return "bfloat16" if BFLOAT16 is not None and np.dtype(dtype) == BFLOAT16 else np.dtype(dtype).name
+    """float16, bfloat16, ...; a non-native byte order is named ('>f2 (big-endian float16)')."""
+    dt = np.dtype(dtype)
+    if BFLOAT16 is not None and dt == BFLOAT16:
+        return "bfloat16"
+    if not dt.isnative:
+        return f"{dt.str} (non-native byte order {dt.name})"
+    return dt.name
+
+
+# The largest allocation DeviceArray asks for (qg_malloc takes a size_t; Python ints do not wrap).
+_MAX_BYTES = 2 ** 63 - 1
 
 
 # ---------------------------------------------------------------- context
@@ -98,7 +108,13 @@ class Context:
                 raise _err(f"unknown backend {backend!r}; expected one of {sorted(_BACKENDS)}")
             be = _BACKENDS[backend.lower()]
         else:
-            be = Backend(backend)
+            try:
+                be = Backend(backend)
+            except ValueError:
+                raise _err(f"unknown backend {backend!r}; expected one of {sorted(_BACKENDS)} or "
+                           f"{[int(b) for b in Backend]}") from None
+        if not -2 ** 31 <= int(device) < 2 ** 31:
+            raise _err(f"device index {device} is outside a C int")
         _lib.require_library()
         handle = _lib.qg_context_p()
         _lib.qg_context_create(be, int(device), handle)
@@ -289,15 +305,17 @@ _gpu_probe: tuple | None = None  # (Context or None, reason)
 
 def device_count(backend: str) -> int:
     """qg_device_count for a backend name: 0 when this build lacks it or no device is there."""
+    if not isinstance(backend, str) or backend.lower() not in _BACKENDS:
+        raise _err(f"unknown backend {backend!r}; expected one of {sorted(_BACKENDS)}")
     n = ctypes.c_int()
-    _lib.qg_device_count(_BACKENDS[backend], ctypes.byref(n))
+    _lib.qg_device_count(_BACKENDS[backend.lower()], ctypes.byref(n))
     return int(n.value)
 
 
 def cpu_context() -> Context:
     """The shared CPU context (numpy operands always run here)."""
     global _cpu_ctx
-    if _cpu_ctx is None:
+    if _cpu_ctx is None or _cpu_ctx._handle is None:  # none yet, or the user closed it
         _cpu_ctx = Context("cpu")
     return _cpu_ctx
 
@@ -402,8 +420,10 @@ class DeviceView(_Shaped):
     @classmethod
     def from_pointer(cls, ptr: int, shape, dtype, strides=None, ctx: Context | None = None,
                      owner: Any = None) -> "DeviceView":
-        """A device buffer given by raw pointer (strides in bytes, None = C-contiguous)."""
-        return cls(ptr, shape, dtype, strides, ctx=ctx, on_device=True, owner=owner)
+        """A buffer given by raw pointer (strides in bytes, None = C-contiguous): device
+        memory, or host memory when ctx is a CPU context."""
+        on_device = ctx.is_gpu if ctx is not None else True
+        return cls(ptr, shape, dtype, strides, ctx=ctx, on_device=on_device, owner=owner)
 
     @classmethod
     def from_object(cls, obj: Any, name: str = "array", dtype=None) -> "DeviceView":
@@ -520,7 +540,12 @@ class DeviceArray(_Shaped):
         self.ctx = ctx
         self.shape = tuple(int(s) for s in shape)
         self.dtype = as_dtype(dtype)
+        if any(s < 0 for s in self.shape):
+            raise _err(f"DeviceArray: negative extent in shape {self.shape}")
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+        if self.nbytes > _MAX_BYTES:
+            raise _err(f"DeviceArray: shape {self.shape} of {dtype_name(self.dtype)} is {self.nbytes} "
+                       f"bytes, past the largest allocation (2^63 - 1)")
         self.stream = None           # qg_stream of the last launch that wrote it (None = default)
         self.written_async = False   # a launch wrote it; consumers must order after self.stream
         if self.nbytes == 0:
@@ -540,7 +565,9 @@ class DeviceArray(_Shaped):
 
     @classmethod
     def from_numpy(cls, arr: np.ndarray, ctx: Context | None = None, stream=None) -> "DeviceArray":
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr)
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)  # (which would make a 0-d array 1-d)
         out = cls.empty(arr.shape, arr.dtype, ctx)
         if out.nbytes:
             out.ctx_memcpy(out.ptr, arr.ctypes.data, out.nbytes, to_device=True, stream=stream)
@@ -548,6 +575,7 @@ class DeviceArray(_Shaped):
         return out
 
     def to_numpy(self, stream=None) -> np.ndarray:
+        self._live("to_numpy")
         host = np.empty(self.shape, dtype=self.dtype)
         if self.nbytes:
             self.ctx_memcpy(host.ctypes.data, self.ptr, self.nbytes, to_device=False,
@@ -556,6 +584,7 @@ class DeviceArray(_Shaped):
         return host
 
     def copy_from_numpy(self, arr: np.ndarray, stream=None) -> None:
+        self._live("copy_from_numpy")
         arr = np.ascontiguousarray(arr, dtype=self.dtype)
         if arr.shape != self.shape:
             raise _err(f"copy_from_numpy: shape {arr.shape} differs from the array's {self.shape}")
@@ -565,6 +594,7 @@ class DeviceArray(_Shaped):
 
     def fill_bytes(self, value: int, stream=None) -> None:
         """Sets every byte to `value` (qg_memset)."""
+        self._live("fill_bytes")
         if self.nbytes:
             _lib.qg_memset(self.ctx.handle, self.ptr, int(value), self.nbytes, stream_handle(stream))
             self.ctx.synchronize(stream)
@@ -584,6 +614,7 @@ class DeviceArray(_Shaped):
 
     def view(self, shape=None, dtype=None) -> DeviceView:
         """A C-contiguous view of the whole buffer with another shape and/or dtype."""
+        self._live("view")
         dt = as_dtype(dtype) if dtype is not None else self.dtype
         shape = self.shape if shape is None else tuple(shape)
         if math.prod(int(s) for s in shape) * dt.itemsize != self.nbytes:
@@ -594,6 +625,7 @@ class DeviceArray(_Shaped):
     def window(self, row0: int, col0: int, rows: int, cols: int) -> DeviceView:
         """The [rows, cols] sub-matrix at (row0, col0) of a 2-D array, keeping the row
         stride: what an output with guard bands (ldy > n) looks like."""
+        self._live("window")
         if self.ndim != 2:
             raise _err(f"window needs a 2-D array, this one has shape {self.shape}")
         R, C = self.shape
@@ -607,6 +639,7 @@ class DeviceArray(_Shaped):
 
     @property
     def __cuda_array_interface__(self) -> dict:
+        self._live("__cuda_array_interface__")
         if not self.ctx.is_gpu:
             raise AttributeError("a DeviceArray of a CPU context holds host memory and has no "
                                  "__cuda_array_interface__")
@@ -622,8 +655,15 @@ class DeviceArray(_Shaped):
                 f"ctx={self.ctx!r}, ptr={self.ptr:#x})")
 
     def free(self) -> None:
+        """Frees the memory now. The array is dead afterwards: using it raises."""
         if self._finalizer is not None:
             self._finalizer()
+        self._finalizer = None
+        self.ptr, self.nbytes, self._freed = 0, 0, True
+
+    def _live(self, what: str) -> None:
+        if getattr(self, "_freed", False):
+            raise _err(f"{what}: this DeviceArray was freed (DeviceArray.free())")
 
 
 def _free(ctx: Context, ptr: int) -> None:

@@ -26,7 +26,7 @@ from . import formats as _formats
 from .formats import int4 as _int4, mxfp4 as _mxfp4
 from .device import (BFLOAT16, Context, DeviceArray, DeviceView, _err, default_context,
                      dtype_name, gpu_context)
-from ._lib import DType
+from ._lib import DType, QuantGemmError
 
 _SCALE_DTYPES = (np.dtype(np.float16), BFLOAT16)
 _BIAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), BFLOAT16)
@@ -253,22 +253,29 @@ class Int4Weight(_Weight):
         return k // groups
 
     @classmethod
-    def _from_canonical(cls, canon, group_size):
-        qweight, scales, qzeros = canon
+    def _from_canonical(cls, importer, group_size):
+        """importer() -> canonical (qweight, scales, qzeros); its ValueErrors become
+        InvalidArgumentError like every other refusal of the API."""
+        try:
+            qweight, scales, qzeros = importer()
+        except (ValueError, TypeError) as e:
+            if isinstance(e, QuantGemmError):
+                raise
+            raise _err(str(e)) from None
         k = 8 * qweight.shape[1]
         return cls(qweight, scales, qzeros, cls._group_size(k, scales.shape[1], group_size))
 
     @classmethod
     def from_awq(cls, qweight, qzeros, scales, group_size=None) -> "Int4Weight":
         """AutoAWQ GEMM tensors (qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N])."""
-        return cls._from_canonical(_int4.from_awq(qweight, qzeros, scales, group_size),
+        return cls._from_canonical(lambda: _int4.from_awq(qweight, qzeros, scales, group_size),
                                    group_size)
 
     @classmethod
     def from_gptq(cls, qweight, qzeros, scales, group_size=None, g_idx=None) -> "Int4Weight":
         """GPTQ tensors (qweight [K/8, N], qzeros [K/G, N/8] stored minus one, scales [K/G, N])."""
         return cls._from_canonical(
-            _int4.from_gptq(qweight, qzeros, scales, group_size, g_idx=g_idx), group_size)
+            lambda: _int4.from_gptq(qweight, qzeros, scales, group_size, g_idx=g_idx), group_size)
 
     @classmethod
     def from_compressed_tensors(cls, weight_packed, weight_scale, weight_zero_point=None,
@@ -276,7 +283,7 @@ class Int4Weight(_Weight):
         """compressed-tensors pack-quantized tensors (weight_packed [N, K/8], weight_scale
         [N, K/G], weight_zero_point packed [N/8, K/G] or None)."""
         return cls._from_canonical(
-            _int4.from_compressed_tensors(weight_packed, weight_scale, weight_zero_point,
+            lambda: _int4.from_compressed_tensors(weight_packed, weight_scale, weight_zero_point,
                                                   group_size=group_size, g_idx=g_idx), group_size)
 
 
