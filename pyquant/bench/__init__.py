@@ -3,8 +3,8 @@
     python -m pyquant bench --quick                       # a handful of cases
     python -m pyquant bench                               # every family x format x shape x M
     python -m pyquant bench --family gguf --format q4_K --m 1,16 --shape 14336x4096
-    python -m pyquant bench --record bench/golden/nvidia-h200.json
-    python -m pyquant bench --compare bench/golden/nvidia-h200.json   # exit 1 on a regression
+    python -m pyquant bench --record bench/golden/h200.json
+    python -m pyquant bench --compare bench/golden/h200.json   # exit 1 on a regression
     python -m pyquant bench --quick --json out.json --plot out.png --html out.html
 
 Modules: cases (suites, bytes and FLOPs), timing (device events, host timer, fake timer),
@@ -14,11 +14,13 @@ compare protocol), report (table, plot, HTML), runner (the library-backed measur
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import cases as C
 from . import golden as G
 from . import report
+from .._lib import QuantGemmError
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -69,9 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="w4a16: g{32|64|128}-{sym|asym}-{fp16|bf16}; gguf/mxfp4: fp32|fp16|bf16; "
                           "moe: gpt-oss-120b|gpt-oss-20b")
     sel.add_argument("--shape", type=_csv(C.parse_shape), action="append", metavar="NxK",
-                     help="weight shapes N x K, e.g. 14336x4096 (replace the standard shapes)")
+                     help="weight shapes N x K, e.g. 14336x4096 (replace the standard shapes; "
+                          "with --quick, pick among its cases)")
     sel.add_argument("--m", type=_csv(int), action="append", metavar="M",
-                     help="M values (tokens), e.g. 1,16,128 (replace the standard M list)")
+                     help="M values (tokens), e.g. 1,16,128 (replace the standard M list; "
+                          "with --quick, pick among its cases)")
     sel.add_argument("--list", action="store_true", help="print the selected cases and exit")
     run = p.add_argument_group("measurement")
     run.add_argument("--backend", choices=("auto", "cpu", "cuda", "hip"), default="auto",
@@ -104,6 +108,29 @@ def _check_filters(args) -> None:
     for m in args.m or []:
         if m < 1:
             raise ValueError(f"--m {m}: M must be >= 1")
+    for n, k in args.shape or []:
+        if n < 1 or k < 1:
+            raise ValueError(f"--shape {n}x{k}: N and K must be >= 1")
+    if args.band is not None and not 0 < args.band < 1:
+        raise ValueError(f"--band {args.band}: the noise band is a fraction in (0, 1), e.g. 0.03")
+    if args.budget is not None and not args.budget > 0:
+        raise ValueError(f"--budget {args.budget}: the timing budget must be > 0 seconds")
+    for flag in ("record", "json", "plot", "html"):
+        path = getattr(args, flag)
+        if path:
+            _check_writable(f"--{flag}", path)
+
+
+def _check_writable(flag: str, path: str) -> None:
+    """Refuses an output path before anything is measured: a directory, or a file whose
+    folder does not exist or cannot be written."""
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path}: is a directory")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{flag} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"{flag} {path}: not writable")
 
 
 def _suite(args, cpu: bool, golden_doc=None) -> list[C.Case]:
@@ -146,7 +173,11 @@ def main(argv=None, *, runner=None) -> int:
             return EXIT_USAGE
         for c in cases:
             print(c.label)
-        print(f"{len(cases)} cases ({'CPU-scaled' if cpu else 'GPU'} shapes)")
+        kind = "the golden file's" if golden_doc is not None else "CPU-scaled" if cpu else "GPU"
+        print(f"{len(cases)} cases ({kind} shapes)")
+        if not cases:
+            print("bench: no case matches the filters", file=sys.stderr)
+            return EXIT_USAGE
         return EXIT_OK
 
     own_runner = runner is None
@@ -155,7 +186,7 @@ def main(argv=None, *, runner=None) -> int:
         try:
             runner = LibraryRunner(backend=args.backend, device=args.device, budget_s=args.budget,
                                    peers=not args.no_peers)
-        except (ImportError, OSError, ValueError, RuntimeError) as e:
+        except (ImportError, OSError, ValueError, RuntimeError, QuantGemmError) as e:
             print(f"bench: cannot start the library runner: {e}", file=sys.stderr)
             return EXIT_USAGE
     try:

@@ -287,7 +287,8 @@ def build_suite(*, quick=False, families=None, formats=None, variants=None, shap
 
     default : every family x format x default variant x standard shape x standard M
               (MoE: its model shape instead of the standard shapes);
-    quick   : quick_suite();
+    quick   : quick_suite() (CPU-scaled on a CPU); the filters, shapes and ms included, pick
+              among its cases;
     filters : families / formats / variants keep matching cases (a variant that is not a
               default one, e.g. g64-sym-fp16, is added for the families it fits); shapes and
               ms replace the standard lists (MoE keeps its model shape and is dropped when
@@ -300,9 +301,11 @@ def build_suite(*, quick=False, families=None, formats=None, variants=None, shap
             if not any(_variant_fits(f, v) for f in FAMILIES):
                 raise ValueError(f"variant {v!r} fits no family (w4a16: g128-asym-bf16, "
                                  f"gguf/mxfp4: {'/'.join(DTYPE_BYTES)}, moe: {'/'.join(MOE_MODELS)})")
-    if quick:
-        out = select(quick_suite(), families, formats, variants, shapes, ms)
-        return dedupe(cpu_scale_case(c) for c in out) if cpu else out
+    if quick:  # the filters pick among the quick cases, as --list shows them (scaled on a CPU)
+        out = quick_suite()
+        if cpu:
+            out = dedupe(cpu_scale_case(c) for c in out)
+        return select(out, families, formats, variants, shapes, ms)
     out = []
     for family in families or FAMILIES:
         vs = [v for v in variants if _variant_fits(family, v)] if variants else DEFAULT_VARIANTS[family]

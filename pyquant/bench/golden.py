@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from typing import Callable, Iterable, Sequence
 
@@ -174,7 +175,31 @@ def load(path) -> dict:
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
         raise ValueError(f"{path}: not a golden file (expected an object with a 'rows' list)")
     for i, row in enumerate(doc["rows"]):
-        missing = [f for f in KEY_FIELDS + ("median_us", "reproducible") if f not in row]
-        if missing:
-            raise ValueError(f"{path}: row {i} lacks {', '.join(missing)}")
+        _check_row(path, i, row)
     return doc
+
+
+def _check_row(path, i: int, row) -> None:
+    """A golden row compare can use: the key fields, a positive finite median_us, a
+    boolean reproducible; anything else is named, never a traceback mid-run."""
+    from .cases import FAMILIES
+    where = f"{path}: row {i}"
+    if not isinstance(row, dict):
+        raise ValueError(f"{where} is {type(row).__name__}, not an object")
+    missing = [f for f in KEY_FIELDS + ("median_us", "reproducible") if f not in row]
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(missing)}")
+    if row["family"] not in FAMILIES:
+        raise ValueError(f"{where}: family {row['family']!r} is not one of {', '.join(FAMILIES)}")
+    for f in ("format", "variant"):
+        if not isinstance(row[f], str):
+            raise ValueError(f"{where}: {f} {row[f]!r} is not a string")
+    for f in ("m", "n", "k"):
+        v = row[f]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{where}: {f} {v!r} is not a positive integer")
+    t = row["median_us"]
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        raise ValueError(f"{where}: median_us {t!r} is not a positive number")
+    if not isinstance(row["reproducible"], bool):
+        raise ValueError(f"{where}: reproducible {row['reproducible']!r} is not true or false")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import ml_dtypes
@@ -32,6 +33,68 @@ def gguf_type_to_format() -> dict[int, str]:
 def _numpy_shape(tensor) -> tuple[int, ...]:
     # GGUF stores ne[0] (the fastest dimension, K for a weight) first: reverse it.
     return tuple(int(d) for d in reversed(tensor.shape.tolist()))
+
+
+# GGUF metadata value types: fixed sizes; 8 = string (u64 length + bytes), 9 = array.
+_GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def check_header(path: str) -> None:
+    """Walks a GGUF file's header and key-value section with every length checked against
+    the file size, so that a corrupt or hostile file is refused with a sentence before the
+    gguf package's reader, which trusts the declared counts (a 67-byte file declaring an
+    array of 2^40 items made it allocate without bound), sees it."""
+    size = os.path.getsize(path)
+    if size == 0:
+        raise ValueError(f"{path}: empty file, not a GGUF file")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        _walk_header(path, data, size)
+
+
+def _walk_header(path: str, data, size: int) -> None:
+    pos = 0
+
+    def take(n: int, what: str) -> bytes:
+        nonlocal pos
+        if n < 0 or pos + n > size:
+            raise ValueError(f"{path}: {what} at byte {pos} needs {n} bytes, past the end of the file")
+        out = data[pos:pos + n] if n <= 64 else b""  # long values are skipped, not copied
+        pos += n
+        return out
+
+    def u32(what):
+        return int.from_bytes(take(4, what), "little")
+
+    def u64(what):
+        return int.from_bytes(take(8, what), "little")
+
+    def value(vtype: int, what: str, depth: int = 0) -> None:
+        if vtype in _GGUF_FIXED:
+            take(_GGUF_FIXED[vtype], what)
+        elif vtype == 8:
+            take(u64(f"{what} length"), what)
+        elif vtype == 9 and depth == 0:
+            itype, count = u32(f"{what} item type"), u64(f"{what} count")
+            if itype in _GGUF_FIXED:
+                take(count * _GGUF_FIXED[itype], f"{what} ({count} items)")
+            elif count > size - pos:  # every item takes at least one byte
+                raise ValueError(f"{path}: {what} declares {count} items, more than the file holds")
+            else:
+                for _ in range(count):
+                    value(itype, what, depth + 1)
+        else:
+            raise ValueError(f"{path}: {what} has value type {vtype}, not a GGUF type")
+
+    if take(4, "magic") != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file (no GGUF magic)")
+    u32("version")
+    n_tensors, n_kv = u64("tensor count"), u64("key-value count")
+    if n_tensors > size // 24 or n_kv > size // 12:  # smallest tensor info / key-value entry
+        raise ValueError(f"{path}: header declares {n_tensors} tensors and {n_kv} key-values, "
+                         f"more than {size} bytes can hold")
+    for i in range(n_kv):
+        key = take(u64(f"key {i} length"), f"key {i}")
+        value(u32(f"key {i} type"), f"value of {key.decode('utf-8', 'replace')!r}")
 
 
 def _metadata(reader) -> dict:
@@ -76,7 +139,11 @@ def load_gguf(path: str | os.PathLike, strict: bool = False) -> Checkpoint:
     gguf = _gguf()
     _T = gguf.GGMLQuantizationType
     plain_types = tuple(_T[name] for name in _PLAIN_TYPE_NAMES)
-    reader = gguf.GGUFReader(path, "r")
+    check_header(path)
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except (ValueError, KeyError, IndexError, TypeError, AssertionError) as e:
+        raise ValueError(f"{path}: the gguf package cannot read it: {type(e).__name__}: {e}") from None
     by_type = gguf_type_to_format()
     ckpt = Checkpoint(path=path, container="gguf", metadata=_metadata(reader))
     for t in reader.tensors:

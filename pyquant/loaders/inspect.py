@@ -89,10 +89,11 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 
 
 def load(path: str) -> Checkpoint:
-    """Pick the loader by the file's magic (GGUF) or else read it as safetensors."""
+    """Pick the loader: a file with the GGUF magic or a .gguf name is read as GGUF, any
+    other file or a directory (of shards) as safetensors."""
     if os.path.isfile(path):
         with open(path, "rb") as f:
-            if f.read(4) == b"GGUF":
+            if f.read(4) == b"GGUF" or path.lower().endswith(".gguf"):
                 return load_gguf(path)
     return load_safetensors(path)
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pyquant inspect",
         description="List the tensors of a .gguf or .safetensors file: format, shape, bytes, "
                     "bits per weight, and the tier of this build that would run each.")
-    ap.add_argument("file", help=".gguf file, .safetensors file, or a directory of them")
+    ap.add_argument("file", help=".gguf file, .safetensors file, or a directory of .safetensors shards")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--quantized", action="store_true", help="list quantized tensors only")
     args = ap.parse_args(argv)
@@ -112,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         ckpt = load(args.file)
-    except (OSError, ValueError) as e:
-        print(f"inspect: cannot read {args.file}: {e}", file=sys.stderr)
+    except Exception as e:  # malformed files and the reader libraries' own errors: one line
+        msg = str(e) if isinstance(e, (OSError, ValueError, ImportError)) else f"{type(e).__name__}: {e}"
+        if not msg.startswith(args.file):
+            msg = f"{args.file}: {msg}"
+        print(f"inspect: cannot read {msg}", file=sys.stderr)
         return 2
     build_info, backend = _build_and_backend()
     rows = describe(ckpt, build_info, backend)

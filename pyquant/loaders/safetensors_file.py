@@ -137,13 +137,29 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
     files = _files(path)
     arrays: dict[str, np.ndarray] = {}
     header: dict = {}
+    unreadable: dict[str, str] = {}  # a dtype numpy cannot hold (FP8, ...): recorded, not raised
+    where: dict[str, str] = {}
     for file in files:
-        with safe_open(file, framework="np") as f:
+        try:
+            f = safe_open(file, framework="np")
+        except Exception as e:  # safetensors raises its own SafetensorError for a bad header
+            raise ValueError(f"{file}: not a readable .safetensors file: {e}") from None
+        with f:
             header.update(f.metadata() or {})
             for name in f.keys():
-                arrays[name] = f.get_tensor(name)
+                if name in where:
+                    raise ValueError(f"tensor {name!r} is in both {where[name]} and {file}")
+                where[name] = file
+                try:
+                    arrays[name] = f.get_tensor(name)
+                except Exception as e:
+                    unreadable[name] = f"safetensors cannot give it as numpy: {type(e).__name__}: {e}"
     quant_config = _read_quant_config(files[0])
     ckpt = Checkpoint(path=path, container="safetensors", metadata=dict(header))
+    if strict and unreadable:
+        name, why = next(iter(unreadable.items()))
+        raise ValueError(f"{name}: {why}")
+    ckpt.unsupported.update(unreadable)
     if quant_config:
         ckpt.metadata["quantization_config"] = quant_config
 
@@ -176,8 +192,8 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
                 weight = _group_compressed(arrays, prefix)
             else:
                 weight = _group_mxfp4(arrays, prefix)
-        except (_Unsupported, ValueError) as e:
-            why = f"{convention}: {e}"
+        except (_Unsupported, ValueError, OverflowError, IndexError, TypeError) as e:
+            why = f"{convention}: {e if isinstance(e, (_Unsupported, ValueError)) else repr(e)}"
             if strict:
                 raise ValueError(f"{out_name}: {why}") from e
             ckpt.unsupported[out_name] = why
