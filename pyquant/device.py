@@ -84,7 +84,7 @@ def qg_dtype_of(dtype: np.dtype) -> DType:
 
 
 def dtype_name(dtype: np.dtype) -> str:
-    """float16, bfloat16, ...; a non-native byte order is named ('>f2 (big-endian float16)')."""
+    """float16, bfloat16, ...; a non-native byte order is named: '>f2 (non-native byte order float16)'."""
     dt = np.dtype(dtype)
     if BFLOAT16 is not None and dt == BFLOAT16:
         return "bfloat16"
