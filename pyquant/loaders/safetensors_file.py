@@ -109,6 +109,42 @@ def _group_mxfp4(arrays: dict, prefix: str):
     return pyquant.from_mxfp4(blocks, scales)
 
 
+# safetensors dtype -> numpy dtype name (BF16 through ml_dtypes); others are listed unsupported.
+_NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+              "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
+
+
+def _tensor_views(file: str, header_names) -> tuple[dict, dict]:
+    """{name: read-only memory-mapped array} of a file the safetensors package has already
+    validated (header, offsets, sizes), and {name: why} for dtypes numpy cannot hold.
+    Views, not copies: listing or loading a checkpoint reads only what is used."""
+    import ml_dtypes
+
+    with open(file, "rb") as f:
+        (hlen,) = np.frombuffer(f.read(8), "<u8")
+        header = json.loads(f.read(int(hlen)))
+    base = 8 + int(hlen)
+    size = os.path.getsize(file)
+    views, unreadable = {}, {}
+    for name in header_names:
+        info = header[name]
+        dt = info["dtype"]
+        shape = tuple(int(d) for d in info["shape"])
+        start, end = (int(v) for v in info["data_offsets"])
+        if dt == "BF16":
+            np_dt = np.dtype(ml_dtypes.bfloat16)
+        elif dt in _NP_DTYPES:
+            np_dt = np.dtype(_NP_DTYPES[dt])
+        else:
+            unreadable[name] = f"dtype {dt} has no numpy type here"
+            continue
+        if end == start or base + start >= size:  # empty tensor: nothing to map
+            views[name] = np.zeros(shape, np_dt)
+            continue
+        views[name] = np.memmap(file, dtype=np_dt, mode="r", offset=base + start, shape=shape)
+    return views, unreadable
+
+
 def _files(path: str) -> list[str]:
     if os.path.isdir(path):
         found = sorted(glob.glob(os.path.join(path, "*.safetensors")))
@@ -125,7 +161,9 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
 
     Recognised quantized layers become canonical pyquant weights named `X.weight` (AWQ,
     GPTQ, compressed-tensors) or `X` (GPT-OSS `X_blocks`); every other tensor is returned as
-    the numpy array stored. A layer that cannot be loaded (act-order GPTQ, another bit
+    the numpy array stored: a read-only view of the memory-mapped file (copy it to modify
+    it), so listing or loading a checkpoint reads only the tensors used. A tensor whose
+    dtype numpy cannot hold (FP8, ...) is listed in `Checkpoint.unsupported`. A layer that cannot be loaded (act-order GPTQ, another bit
     width, a zero point that does not fit 4 bits, ...) is recorded in
     `Checkpoint.unsupported` with the reason, or raised as ValueError when strict=True."""
     try:
@@ -146,14 +184,14 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
             raise ValueError(f"{file}: not a readable .safetensors file: {e}") from None
         with f:
             header.update(f.metadata() or {})
-            for name in f.keys():
-                if name in where:
-                    raise ValueError(f"tensor {name!r} is in both {where[name]} and {file}")
-                where[name] = file
-                try:
-                    arrays[name] = f.get_tensor(name)
-                except Exception as e:
-                    unreadable[name] = f"safetensors cannot give it as numpy: {type(e).__name__}: {e}"
+            names = list(f.keys())
+        for name in names:
+            if name in where:
+                raise ValueError(f"tensor {name!r} is in both {where[name]} and {file}")
+            where[name] = file
+        views, bad = _tensor_views(file, names)
+        arrays.update(views)
+        unreadable.update(bad)
     quant_config = _read_quant_config(files[0])
     ckpt = Checkpoint(path=path, container="safetensors", metadata=dict(header))
     if strict and unreadable:
