@@ -86,7 +86,7 @@ QG_API int qg_version(void);
 /* QG_FORMAT_VERSION of the compiled library. */
 QG_API int qg_format_version(void);
 /* Static one-line text naming the backends and tiers compiled into this build, e.g.
- * "quantgemm 0.1.0 format 1; backends: cpu cuda(sm_90a); tiers: w4a16=cpu,cuda.decode ..." */
+ * "quantgemm 0.1.0 format 1; backends: cpu cuda(sm_90a); tiers: w4a16=cpu,cuda gguf=cpu,cuda ..." */
 QG_API const char* qg_build_info(void);
 
 /* ------------------------------------------------------------------ enums */
@@ -155,10 +155,12 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
 /* Tuning and testing knobs; they never change results beyond the documented tolerance.
  *   "cpu_threads"  : worker threads of the CPU backend (0 = automatic: up to all hardware
  *                    threads, fewer for a GEMM too small to share)
- *   "w4a16_tier"   : 0 auto, 1 portable SIMT tier, 2 decode (matrix units), 3 prefill (GPU backends)
+ *   "w4a16_tier"   : 0 auto, 1 portable SIMT tier, 2 decode (matrix units), 3 prefill (GPU backends;
+ *                    not built yet: a launch then returns QG_ERR_UNSUPPORTED)
  *   "gguf_tier"    : 0 auto, 1 float decode (x kept in fp32; portable), 2 int8 decode (x quantized
  *                    to int8 per 32 elements as ggml's q8_1, integer mma; NVIDIA sm_80+, w and
- *                    ldw multiples of 16), 3 prefill (GPU backends). Auto takes 2 where it can.
+ *                    ldw multiples of 16), 3 prefill (GPU backends; not built yet:
+ *                    QG_ERR_UNSUPPORTED). Auto takes 2 where it can.
  *   "split_k"      : 0 auto, else the split-K factor forced on decode tiers
  * An unknown name or an out-of-range value is QG_ERR_INVALID_ARGUMENT. */
 QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_t value);
