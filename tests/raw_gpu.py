@@ -57,8 +57,13 @@ class RawGpu:
             args.workspace = self.alloc(size.value, fill=0)
             args.workspace_bytes = size.value
 
-    def close(self):
+    def free_all(self):
+        """Frees every buffer allocated so far; the context stays."""
         L.qg_stream_synchronize(self.ctx, None)
         for p in self.ptrs:
             L.qg_free(self.ctx, p)
+        self.ptrs = []
+
+    def close(self):
+        self.free_all()
         L.qg_context_destroy(self.ctx)

@@ -56,6 +56,7 @@ from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from conftest import log_margin  # noqa: E402
+from raw_gpu import RawGpu  # noqa: E402
 from pyquant import _lib as L  # noqa: E402
 from pyquant.formats import FORMATS, int4, int8_act, mxfp4, reference  # noqa: E402
 
@@ -293,6 +294,22 @@ def names_field(msg: str, fields) -> bool:
 OFFSET = {"mis": 1, "shift": 4}
 
 
+def assert_bytes_kept(kind, name, now, before, off, nbytes, allowed=None):
+    """Every byte of a buffer (payload at [off, off + nbytes) between guard bands) is as in
+    the snapshot, except where `allowed` says: True for the whole payload (a workspace),
+    or a boolean mask over the payload."""
+    diff = now != before
+    if allowed is True:
+        diff[off:off + nbytes] = False
+    elif allowed is not None:
+        diff[off:off + nbytes] &= ~allowed
+    if diff.any():
+        i = int(np.argmax(diff))
+        where = ("guard band before" if i < off else
+                 "guard band after" if i >= off + nbytes else f"payload byte {i - off}")
+        raise AssertionError(f"{kind} {name!r} changed at {where} ({int(diff.sum())} bytes changed)")
+
+
 class Mem:
     """The buffers of one case. Inputs: exactly their size (+1 byte when misaligned).
     Outputs: random guard bands on both sides, payload 64-byte aligned (+1 when
@@ -348,19 +365,7 @@ class Mem:
         (a boolean mask over that buffer's payload)."""
         allowed = allowed or {}
         for name, (store, off, nbytes, _) in self.bufs.items():
-            before = self.before[name]
-            diff = store != before
-            if name in allowed:
-                if allowed[name] is True:  # the whole payload may change (a workspace)
-                    diff[off:off + nbytes] = False
-                else:
-                    diff[off:off + nbytes] &= ~allowed[name]
-            if diff.any():
-                i = int(np.argmax(diff))
-                where = ("guard band before" if i < off else
-                         "guard band after" if i >= off + nbytes else f"payload byte {i - off}")
-                raise AssertionError(f"buffer {name!r} changed at {where} "
-                                     f"({int(diff.sum())} bytes changed)")
+            assert_bytes_kept("buffer", name, store, self.before[name], off, nbytes, allowed.get(name))
 
 
 class DevMem:
@@ -414,18 +419,8 @@ class DevMem:
         allowed = allowed or {}
         self.host.check_untouched({k: v for k, v in allowed.items() if k in self.host.bufs})
         for name, (_, _, off, nbytes) in self.bufs.items():
-            diff = self._all(name) != self.before[name]
-            if name in allowed:
-                if allowed[name] is True:  # the whole payload may change (a workspace)
-                    diff[off:off + nbytes] = False
-                else:
-                    diff[off:off + nbytes] &= ~allowed[name]
-            if diff.any():
-                i = int(np.argmax(diff))
-                where = ("guard band before" if i < off else
-                         "guard band after" if i >= off + nbytes else f"payload byte {i - off}")
-                raise AssertionError(f"device buffer {name!r} changed at {where} "
-                                     f"({int(diff.sum())} bytes changed)")
+            assert_bytes_kept("device buffer", name, self._all(name), self.before[name], off, nbytes,
+                              allowed.get(name))
 
 
 class CpuEnv:
@@ -442,52 +437,33 @@ CPU_ENV = CpuEnv()
 
 
 class GpuEnv:
-    """The GEMM cases on a GPU context, in-process (a GPU context does not survive fork)."""
+    """The GEMM cases on a GPU context, in-process (a GPU context does not survive fork);
+    the context and the buffers are a RawGpu's (tests/raw_gpu.py)."""
     gpu = True
 
     def __init__(self):
-        for backend in (L.Backend.QG_BACKEND_CUDA, L.Backend.QG_BACKEND_HIP):
-            n = ctypes.c_int(0)
-            L.qg_device_count(backend, ctypes.byref(n))
-            if n.value:
-                self.context = L.qg_context_p()
-                L.qg_context_create(backend, 0, ctypes.byref(self.context))
-                break
-        else:
-            pytest.skip("no GPU device")
-        self.ptrs = []
+        self.raw = RawGpu()  # skips the test without a GPU device
 
     def mem(self, rng):
         return DevMem(rng, self)
 
     def ctx(self, threads):
-        return self.context
+        return self.raw.ctx
 
     def alloc(self, nbytes):
-        p = ctypes.c_void_p()
-        L.qg_malloc(self.context, max(nbytes, 1), ctypes.byref(p))
-        self.ptrs.append(p.value)
-        return p.value
+        return self.raw.alloc(nbytes)
 
     def upload_to(self, ptr, arr):
-        L.qg_memcpy(self.context, ptr, arr.ctypes.data, arr.nbytes, L.CopyKind.QG_COPY_HOST_TO_DEVICE, None)
-        L.qg_stream_synchronize(self.context, None)
+        self.raw.upload(arr, at=ptr)
 
     def download_from(self, ptr, nbytes):
-        out = np.empty(nbytes, np.uint8)
-        L.qg_stream_synchronize(self.context, None)
-        L.qg_memcpy(self.context, out.ctypes.data, ptr, nbytes, L.CopyKind.QG_COPY_DEVICE_TO_HOST, None)
-        return out
+        return self.raw.download(ptr, nbytes, np.uint8)
 
     def free_all(self):
-        L.qg_stream_synchronize(self.context, None)
-        for p in self.ptrs:
-            L.qg_free(self.context, p)
-        self.ptrs = []
+        self.raw.free_all()
 
     def close(self):
-        self.free_all()
-        L.qg_context_destroy(self.context)
+        self.raw.close()
 
 
 WORKSPACE_FREE = {"workspace": True}  # scratch of a GPU call: its bytes may change, not its guards
