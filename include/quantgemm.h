@@ -59,8 +59,9 @@ extern "C" {
 #define QG_VERSION_MAJOR 0
 #define QG_VERSION_MINOR 1
 #define QG_VERSION_PATCH 0
-/* Bumped whenever a packed weight layout accepted or produced by the library changes. */
-#define QG_FORMAT_VERSION 1
+/* Bumped whenever a packed weight layout accepted or produced by the library changes
+ * (2: the W4A16 frag layout of qg_w4a16_repack). */
+#define QG_FORMAT_VERSION 2
 
 /* ------------------------------------------------------------------ status */
 
@@ -155,8 +156,9 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
 /* Tuning and testing knobs; they never change results beyond the documented tolerance.
  *   "cpu_threads"  : worker threads of the CPU backend (0 = automatic: up to all hardware
  *                    threads, fewer for a GEMM too small to share)
- *   "w4a16_tier"   : 0 auto, 1 portable SIMT tier, 2 decode (matrix units), 3 prefill (GPU backends;
- *                    not built yet: a launch then returns QG_ERR_UNSUPPORTED)
+ *   "w4a16_tier"   : 0 auto, 1 portable SIMT tier, 2 decode on the matrix units (mma.sync; the
+ *                    canonical or the frag layout), 3 prefill (wgmma, NVIDIA sm_90a, frag layout);
+ *                    a forced tier that cannot serve a call returns QG_ERR_UNSUPPORTED
  *   "gguf_tier"    : 0 auto, 1 float decode (x kept in fp32; portable), 2 int8 decode (x quantized
  *                    to int8 per 32 elements as ggml's q8_1, integer mma; NVIDIA sm_80+, w and
  *                    ldw multiples of 16), 3 prefill (GPU backends; not built yet:
@@ -164,6 +166,12 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
  *   "split_k"      : 0 auto, else the split-K factor forced on decode tiers
  * An unknown name or an out-of-range value is QG_ERR_INVALID_ARGUMENT. */
 QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_t value);
+/* Forces one tier of a kernel family by name, or "auto" to let the library choose again.
+ * family: "w4a16", "gguf", "mxfp4" or "moe"; tier: a name that qg_build_info lists for that
+ * family ("cpu", "cuda:decode_frag", ...). Unknown names are QG_ERR_INVALID_ARGUMENT; a call
+ * that the forced tier cannot serve returns QG_ERR_UNSUPPORTED naming why. Setting the
+ * family's numeric "*_tier" option replaces a forced name, and the other way round. */
+QG_API qg_status qg_context_set_tier(qg_context* ctx, const char* family, const char* tier);
 
 /* ------------------------------------------------------------------ memory, streams, events */
 
@@ -185,6 +193,14 @@ QG_API qg_status qg_event_elapsed_ms(qg_context* ctx, qg_event* start, qg_event*
 
 /* ------------------------------------------------------------------ W4A16 */
 
+/* Weight layout of a W4A16 call (qg_w4a16_gemm_args.layout). */
+typedef enum qg_w4a16_layout QG_ENUM_BASE {
+    QG_W4A16_LAYOUT_CANONICAL = 0, /* qweight [N, K/8], scales [N, K/G], qzeros [N/8, K/G] below */
+    QG_W4A16_LAYOUT_FRAG = 1       /* qg_w4a16_repack's planes: each lane's 16-byte load is its
+                                      tensor-core A fragment (docs/w4a16-layout.md); read by the
+                                      GPU decode and prefill tiers, accepted by every tier */
+} qg_w4a16_layout;
+
 /*
  * y[M, N] = x[M, K] @ dequant(W)[N, K]^T, dequant(W)[n, k] = (q[n, k] - z[n, k/G]) * s[n, k/G].
  * Canonical layout (what AWQ / GPTQ / compressed-tensors checkpoints become on import):
@@ -193,6 +209,8 @@ QG_API qg_status qg_event_elapsed_ms(qg_context* ctx, qg_event* start, qg_event*
  *   qzeros  [N/8, K/G] int32 (QG_DTYPE_U4X8), packed along N: row n -> word n/8, bits
  *           4*(n%8); NULL for symmetric weights (zero = 8). Zero-points stay 4-bit.
  * G in {32, 64, 128}; K % G == 0; N % 8 == 0. x and y fp16 or bf16 (y may be fp32).
+ * With layout = QG_W4A16_LAYOUT_FRAG, qweight, scales and qzeros point at the three planes
+ * written by qg_w4a16_repack for the same n, k, group_size (qzeros NULL = symmetric).
  */
 typedef struct qg_w4a16_gemm_args {
     size_t size;            /* sizeof(qg_w4a16_gemm_args) */
@@ -211,11 +229,37 @@ typedef struct qg_w4a16_gemm_args {
     int64_t ldy;
     void* workspace;        /* qg_w4a16_gemm_workspace_size bytes, or NULL when that is 0 */
     size_t workspace_bytes;
+    qg_w4a16_layout layout; /* of qweight/scales/qzeros; CANONICAL when args->size predates it */
 } qg_w4a16_gemm_args;
 
 QG_API qg_status qg_w4a16_gemm_workspace_size(qg_context* ctx, const qg_w4a16_gemm_args* args,
                                               size_t* bytes);
 QG_API qg_status qg_w4a16_gemm(qg_context* ctx, const qg_w4a16_gemm_args* args, qg_stream stream);
+
+/*
+ * One-time repack of a canonical W4A16 weight into `layout` (QG_W4A16_LAYOUT_FRAG), in the
+ * memory of ctx (host for a CPU context, device for a GPU one; the GPU repack is a kernel on
+ * `stream`). N is padded to a multiple of 16 and K to a multiple of 128 with q = 0, zero 0
+ * and scale 0, which add exactly nothing. The three outputs must not overlap the inputs.
+ */
+typedef struct qg_w4a16_repack_args {
+    size_t size;             /* sizeof(qg_w4a16_repack_args) */
+    qg_w4a16_layout layout;  /* target: QG_W4A16_LAYOUT_FRAG */
+    int64_t n, k;
+    int32_t group_size;
+    qg_dtype scale_dtype;    /* F16 or BF16 (copied bit for bit) */
+    const int32_t* qweight;  /* canonical [N, K/8] */
+    const void* scales;      /* canonical [N, K/G] */
+    const int32_t* qzeros;   /* canonical [N/8, K/G], or NULL (symmetric) */
+    void* out_qweight;       /* qweight_bytes (qg_w4a16_repack_size) */
+    void* out_scales;        /* scales_bytes */
+    void* out_qzeros;        /* qzeros_bytes; NULL exactly when qzeros is NULL */
+} qg_w4a16_repack_args;
+
+/* Bytes of each output plane for args' layout, n, k, group_size (pointers are not read). */
+QG_API qg_status qg_w4a16_repack_size(const qg_w4a16_repack_args* args, size_t* qweight_bytes,
+                                      size_t* scales_bytes, size_t* qzeros_bytes);
+QG_API qg_status qg_w4a16_repack(qg_context* ctx, const qg_w4a16_repack_args* args, qg_stream stream);
 
 /* ------------------------------------------------------------------ GGUF */
 

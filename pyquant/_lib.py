@@ -26,7 +26,7 @@ from pathlib import Path
 from . import __version__ as _package_version
 
 # QG_FORMAT_VERSION this package's packers and readers expect.
-EXPECTED_FORMAT_VERSION = 1
+EXPECTED_FORMAT_VERSION = 2
 
 if sys.platform == "win32":
     _LIB_NAME = "quantgemm.dll"
@@ -169,8 +169,8 @@ QG_VERSION_MAJOR = 0
 QG_VERSION_MINOR = 1
 # #define QG_VERSION_PATCH 0
 QG_VERSION_PATCH = 0
-# #define QG_FORMAT_VERSION 1
-QG_FORMAT_VERSION = 1
+# #define QG_FORMAT_VERSION 2
+QG_FORMAT_VERSION = 2
 
 # ---------------------------------------------------------------- status
 
@@ -294,6 +294,9 @@ qg_context_device_name = _fn("qg_context_device_name",
 # QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_t value);
 qg_context_set_option = _fn("qg_context_set_option",
                             [qg_context_p, ctypes.c_char_p, ctypes.c_int64], qg_status)
+# QG_API qg_status qg_context_set_tier(qg_context* ctx, const char* family, const char* tier);
+qg_context_set_tier = _fn("qg_context_set_tier",
+                          [qg_context_p, ctypes.c_char_p, ctypes.c_char_p], qg_status)
 
 # ---------------------------------------------------------------- memory, streams, events
 
@@ -333,6 +336,15 @@ qg_event_elapsed_ms = _fn("qg_event_elapsed_ms",
 
 # ---------------------------------------------------------------- W4A16
 
+# typedef enum qg_w4a16_layout { QG_W4A16_LAYOUT_CANONICAL = 0, ... } qg_w4a16_layout;
+class W4A16Layout(enum.IntEnum):
+    QG_W4A16_LAYOUT_CANONICAL = 0
+    QG_W4A16_LAYOUT_FRAG = 1
+
+
+qg_w4a16_layout = ctypes.c_int
+
+
 class _Args(ctypes.Structure):
     """Argument structs start with `size_t size`; a fresh one has it set to sizeof."""
 
@@ -345,7 +357,7 @@ class _Args(ctypes.Structure):
 #     size_t size; int64_t m, n, k; int32_t group_size; qg_dtype x_dtype; qg_dtype y_dtype;
 #     qg_dtype scale_dtype; qg_dtype zero_dtype; const void* x; int64_t ldx;
 #     const int32_t* qweight; const void* scales; const int32_t* qzeros; void* y; int64_t ldy;
-#     void* workspace; size_t workspace_bytes;
+#     void* workspace; size_t workspace_bytes; qg_w4a16_layout layout;
 # } qg_w4a16_gemm_args;
 class qg_w4a16_gemm_args(_Args):
     _fields_ = [
@@ -367,6 +379,7 @@ class qg_w4a16_gemm_args(_Args):
         ("ldy", ctypes.c_int64),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("layout", qg_w4a16_layout),
     ]
 
 
@@ -378,6 +391,39 @@ qg_w4a16_gemm_workspace_size = _fn(
 # QG_API qg_status qg_w4a16_gemm(qg_context* ctx, const qg_w4a16_gemm_args* args, qg_stream stream);
 qg_w4a16_gemm = _fn("qg_w4a16_gemm",
                     [qg_context_p, ctypes.POINTER(qg_w4a16_gemm_args), qg_stream], qg_status)
+
+
+# typedef struct qg_w4a16_repack_args {
+#     size_t size; qg_w4a16_layout layout; int64_t n, k; int32_t group_size; qg_dtype scale_dtype;
+#     const int32_t* qweight; const void* scales; const int32_t* qzeros;
+#     void* out_qweight; void* out_scales; void* out_qzeros;
+# } qg_w4a16_repack_args;
+class qg_w4a16_repack_args(_Args):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("layout", qg_w4a16_layout),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("group_size", ctypes.c_int32),
+        ("scale_dtype", qg_dtype),
+        ("qweight", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("qzeros", ctypes.c_void_p),
+        ("out_qweight", ctypes.c_void_p),
+        ("out_scales", ctypes.c_void_p),
+        ("out_qzeros", ctypes.c_void_p),
+    ]
+
+
+# QG_API qg_status qg_w4a16_repack_size(const qg_w4a16_repack_args* args, size_t* qweight_bytes,
+#                                       size_t* scales_bytes, size_t* qzeros_bytes);
+qg_w4a16_repack_size = _fn(
+    "qg_w4a16_repack_size",
+    [ctypes.POINTER(qg_w4a16_repack_args), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t),
+     ctypes.POINTER(ctypes.c_size_t)], qg_status)
+# QG_API qg_status qg_w4a16_repack(qg_context* ctx, const qg_w4a16_repack_args* args, qg_stream stream);
+qg_w4a16_repack = _fn("qg_w4a16_repack",
+                      [qg_context_p, ctypes.POINTER(qg_w4a16_repack_args), qg_stream], qg_status)
 
 
 # ---------------------------------------------------------------- GGUF

@@ -338,7 +338,9 @@ class _GemmCall:
                 m=m, n=n, k=k, group_size=w.group_size, x_dtype=x_dt, y_dtype=y_dt,
                 scale_dtype=SCALE_QG_DTYPE[np.dtype(w.scales.dtype)], zero_dtype=DType.QG_DTYPE_U4X8,
                 x=_ptr(xv), ldx=ldx, qweight=_ptr(ops["w.qweight"]), scales=_ptr(ops["w.scales"]),
-                qzeros=_ptr(ops.get("w.qzeros")), y=_ptr(yv), ldy=ldy)
+                qzeros=_ptr(ops.get("w.qzeros")), y=_ptr(yv), ldy=ldy,
+                layout=_lib.W4A16Layout.QG_W4A16_LAYOUT_FRAG if w.layout == "frag"
+                else _lib.W4A16Layout.QG_W4A16_LAYOUT_CANONICAL)
             query, launch = _lib.qg_w4a16_gemm_workspace_size, _lib.qg_w4a16_gemm
         elif isinstance(w, GGUFWeight):
             args = _lib.qg_gguf_gemm_args(

@@ -17,15 +17,16 @@ n % 8, block divisibility, ...) are left to it, so their message is its sentence
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
 
 from . import _lib
 from . import formats as _formats
-from .formats import int4 as _int4, mxfp4 as _mxfp4
-from .device import (BFLOAT16, Context, DeviceArray, DeviceView, _err, default_context,
-                     dtype_name, gpu_context)
+from .formats import int4 as _int4, int4_frag as _frag, mxfp4 as _mxfp4
+from .device import (BFLOAT16, Context, DeviceArray, DeviceView, _err, cpu_context, default_context,
+                     dtype_name, gpu_context, stream_handle)
 from ._lib import DType, QuantGemmError
 
 _SCALE_DTYPES = (np.dtype(np.float16), BFLOAT16)
@@ -176,18 +177,43 @@ def _check_ndim(a, ndim: int, name: str, layout: str) -> None:
         raise _err(f"{name} must be {ndim}-D {layout}, got shape {tuple(a.shape)}")
 
 
-class Int4Weight(_Weight):
-    """int4 group-quantized weight in the canonical layout (W4A16).
+_INT4_LAYOUTS = ("canonical", "frag")
 
-    qweight [N, K/8] int32, nibble i of word j of row n = q[n, 8j + i] (0..15);
-    scales [N, K/G] float16 or bfloat16; qzeros [N/8, K/G] int32 packed along N
-    (row n -> word n/8, bits 4*(n%8)) or None for symmetric weights (zero = 8).
-    Zero-points stay 4-bit: a float zero-point array is refused."""
+
+def _aligned_host(nbytes: int, align: int = 64) -> np.ndarray:
+    """uint8 host buffer of `nbytes` starting at an `align`-byte boundary (the frag planes
+    are read with 16-byte loads)."""
+    raw = np.empty(nbytes + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off: off + nbytes]
+
+
+class Int4Weight(_Weight):
+    """int4 group-quantized weight (W4A16), in one of two layouts.
+
+    layout="canonical" (what checkpoints become on import): qweight [N, K/8] int32,
+    nibble i of word j of row n = q[n, 8j + i] (0..15); scales [N, K/G] float16 or
+    bfloat16; qzeros [N/8, K/G] int32 packed along N (row n -> word n/8, bits 4*(n%8)) or
+    None for symmetric weights (zero = 8). Zero-points stay 4-bit: a float zero-point
+    array is refused.
+
+    layout="frag" (made by .repack() or .to_device(); pyquant.formats.int4_frag and
+    docs/w4a16-layout.md): the three planes qg_w4a16_repack writes, which the GPU decode
+    and prefill tiers read without any permutation; shape=(N, K) must be given."""
 
     format = "int4"
     _component_names = ("qweight", "scales", "qzeros")
 
-    def __init__(self, qweight, scales, qzeros=None, group_size: int = 128):
+    def __init__(self, qweight, scales, qzeros=None, group_size: int = 128, layout: str = "canonical",
+                 shape=None):
+        if layout not in _INT4_LAYOUTS:
+            raise _err(f"layout={layout!r} is not one of {', '.join(_INT4_LAYOUTS)}")
+        self.layout = layout
+        if layout == "frag":
+            self._init_frag(qweight, scales, qzeros, group_size, shape)
+            return
+        if shape is not None:
+            raise _err("shape= is for the frag layout; a canonical weight's shape follows from qweight")
         qweight = _require_contiguous(_component(qweight, "qweight"), "qweight")
         scales = _require_contiguous(_component(scales, "scales"), "scales")
         qzeros = _component(qzeros, "qzeros")
@@ -237,12 +263,112 @@ class Int4Weight(_Weight):
         return np.dtype(self.scales.dtype)
 
     def _replace(self, **arrays):
-        return Int4Weight(arrays["qweight"], arrays["scales"], arrays.get("qzeros"), self.group_size)
+        return Int4Weight(arrays["qweight"], arrays["scales"], arrays.get("qzeros"), self.group_size,
+                          layout=self.layout, shape=self.shape if self.layout == "frag" else None)
+
+    def canonical_arrays(self) -> tuple:
+        """(qweight, scales, qzeros) in the canonical layout, as numpy arrays (a frag weight
+        is unpacked with the numpy reference)."""
+        q, s, z = self._host("qweight"), self._host("scales"), self._host("qzeros")
+        if self.layout == "frag":
+            return _frag.unpack(q, s, z, self.shape[0], self.shape[1], self.group_size)
+        return q, s, z
 
     def dequantize(self) -> np.ndarray:
         """float32 [N, K]: (q - z) * s, the numpy reference (pyquant.formats.int4)."""
-        return _int4.dequantize(self._host("qweight"), self._host("scales"),
-                                        self._host("qzeros"), self.group_size)
+        return _int4.dequantize(*self.canonical_arrays(), self.group_size)
+
+    def repack(self, layout: str = "frag", stream=None) -> "Int4Weight":
+        """The same weight in `layout` ("frag"), in the same memory as this one: host numpy
+        arrays through the library's CPU repack, device arrays through its GPU repack
+        kernel on `stream` (qg_w4a16_repack). A weight already in `layout` is returned."""
+        if layout not in _INT4_LAYOUTS:
+            raise _err(f"layout={layout!r} is not one of {', '.join(_INT4_LAYOUTS)}")
+        if layout == self.layout:
+            return self
+        if layout == "canonical":
+            if self.is_device:
+                raise _err("repack to canonical runs on host weights; call .to_host() first")
+            return Int4Weight(*self.canonical_arrays(), self.group_size)
+        on_dev = self.is_device
+        ctx = self.ctx if self.ctx is not None else (gpu_context() if on_dev else cpu_context())
+        n, k = self.shape
+        args = _lib.qg_w4a16_repack_args(
+            layout=_lib.W4A16Layout.QG_W4A16_LAYOUT_FRAG, n=n, k=k, group_size=self.group_size,
+            scale_dtype=SCALE_QG_DTYPE.get(np.dtype(self.scales.dtype), DType.QG_DTYPE_F16))
+        sizes = [ctypes.c_size_t(0) for _ in range(3)]
+        _lib.qg_w4a16_repack_size(ctypes.byref(args), *(ctypes.byref(v) for v in sizes))
+        nq, ns, nz = (v.value for v in sizes)
+        planes = _frag.plane_shapes(n, k, self.group_size)
+        sym = self.qzeros is None
+        if on_dev:
+            out_q = DeviceArray.empty(planes["qweight"], np.int32, ctx)
+            out_s = DeviceArray.empty(planes["scales"], self.scales.dtype, ctx)
+            out_z = None if sym else DeviceArray.empty(planes["qzeros"], np.uint8, ctx)
+            ptrs = [out_q.ptr, out_s.ptr, None if sym else out_z.ptr]
+            src = {nm: getattr(self, nm) for nm in ("qweight", "scales", "qzeros")}
+            src_ptr = {nm: (None if a is None else a.ptr) for nm, a in src.items()}
+        else:
+            out_q = _aligned_host(nq).view(np.int32).reshape(planes["qweight"])
+            out_s = _aligned_host(ns).view(self.scales.dtype).reshape(planes["scales"])
+            out_z = None if sym else _aligned_host(nz).reshape(planes["qzeros"])
+            ptrs = [out_q.ctypes.data, out_s.ctypes.data, None if sym else out_z.ctypes.data]
+            src = {nm: getattr(self, nm) for nm in ("qweight", "scales", "qzeros")}
+            src_ptr = {nm: (None if a is None else np.ascontiguousarray(a).ctypes.data) for nm, a in src.items()}
+        args.qweight, args.scales, args.qzeros = src_ptr["qweight"], src_ptr["scales"], src_ptr["qzeros"]
+        args.out_qweight, args.out_scales, args.out_qzeros = ptrs
+        _lib.qg_w4a16_repack(ctx.handle, ctypes.byref(args), stream_handle(stream))
+        if on_dev:
+            ctx.synchronize(stream)
+        return Int4Weight(out_q, out_s, out_z, self.group_size, layout="frag", shape=self.shape)
+
+    def to_device(self, ctx: Context | None = None, layout: str = "auto", stream=None) -> "Int4Weight":
+        """The same weight in `ctx` (default_context()). layout="auto" gives a GPU context
+        the frag layout (repacked there, on `stream`: what the GPU decode and prefill tiers
+        read) and keeps the layout otherwise; "canonical" or "frag" asks for one."""
+        ctx = ctx if ctx is not None else default_context()
+        if layout == "auto":
+            layout = "frag" if ctx.is_gpu else self.layout
+        if layout not in _INT4_LAYOUTS:
+            raise _err(f"layout={layout!r} is not one of auto, {', '.join(_INT4_LAYOUTS)}")
+        if layout == "canonical" and self.layout == "frag":
+            return Int4Weight(*self.canonical_arrays(), self.group_size).to_device(ctx, "canonical")
+        moved = super().to_device(ctx)
+        return moved.repack(layout, stream) if layout != moved.layout else moved
+
+
+    def _init_frag(self, qweight, scales, qzeros, group_size, shape):
+        if shape is None or len(shape) != 2:
+            raise _err("a frag-layout Int4Weight needs shape=(N, K)")
+        n, k = (int(v) for v in shape)
+        self.shape = (n, k)
+        self.group_size = int(group_size)
+        try:
+            planes = _frag.plane_shapes(n, k, self.group_size)
+        except ValueError as e:
+            raise _err(str(e)) from None
+        arrays = {}
+        for name, a, dtypes in (("qweight", qweight, _PACKED_INT_DTYPES), ("scales", scales, _SCALE_DTYPES),
+                                ("qzeros", qzeros, (np.dtype(np.uint8),))):
+            a = _component(a, name)
+            if a is None:
+                if name != "qzeros":
+                    raise _err(f"{name} is None; a frag-layout weight needs its {name} plane")
+                arrays[name] = None
+                continue
+            a = _require_contiguous(a, name)
+            if np.dtype(a.dtype) not in dtypes:
+                raise _err(f"frag {name} plane has dtype {dtype_name(a.dtype)}; expected "
+                           f"{' or '.join(dtype_name(d) for d in dtypes)}")
+            want = int(np.prod(planes[name]))
+            if int(np.prod(a.shape)) != want:
+                raise _err(f"frag {name} plane holds {int(np.prod(a.shape))} elements; ({n}, {k}) with "
+                           f"group_size={self.group_size} needs {want} (shape {planes[name]})")
+            if isinstance(a, np.ndarray) and a.dtype == np.uint32:
+                a = a.view(np.int32)
+            arrays[name] = a
+        self.qweight, self.scales, self.qzeros = arrays["qweight"], arrays["scales"], arrays["qzeros"]
+        self._check_location()
 
     @staticmethod
     def _group_size(k: int, groups: int, group_size) -> int:

@@ -16,9 +16,11 @@
 #include <new>
 #include <thread>
 
-#include "cpu/moe_sizes.h"
 #include "formats/blocks.h"
+#include "formats/w4a16_frag.h"
+#include "moe_sizes.h"
 #include "quantgemm.h"
+#include "tier_table.h"
 #include "tiers.h"
 
 namespace qg {
@@ -203,19 +205,23 @@ qg_status check_extent(const char* ld_name, int64_t ld, const char* array, int64
 // struct grows, its first_size must stay the old sizeof, written as a number.
 template <class T>
 struct ArgsInfo;
-#define QG_ARGS_INFO(T)                                          \
+#define QG_ARGS_INFO(T, FIRST_SIZE)                              \
     template <>                                                  \
     struct ArgsInfo<T> {                                         \
         static constexpr const char* name = #T;                  \
-        static constexpr size_t first_size = sizeof(T);          \
+        static constexpr size_t first_size = FIRST_SIZE;         \
     };
-QG_ARGS_INFO(qg_w4a16_gemm_args)
-QG_ARGS_INFO(qg_gguf_gemm_args)
-QG_ARGS_INFO(qg_mxfp4_gemm_args)
-QG_ARGS_INFO(qg_moe_align_args)
-QG_ARGS_INFO(qg_moe_stage1_args)
-QG_ARGS_INFO(qg_moe_stage2_args)
+// qg_w4a16_gemm_args grew `layout` (format 2); 128 bytes is its first version (LP64).
+QG_ARGS_INFO(qg_w4a16_gemm_args, 128)
+QG_ARGS_INFO(qg_w4a16_repack_args, sizeof(qg_w4a16_repack_args))
+QG_ARGS_INFO(qg_gguf_gemm_args, sizeof(qg_gguf_gemm_args))
+QG_ARGS_INFO(qg_mxfp4_gemm_args, sizeof(qg_mxfp4_gemm_args))
+QG_ARGS_INFO(qg_moe_align_args, sizeof(qg_moe_align_args))
+QG_ARGS_INFO(qg_moe_stage1_args, sizeof(qg_moe_stage1_args))
+QG_ARGS_INFO(qg_moe_stage2_args, sizeof(qg_moe_stage2_args))
 #undef QG_ARGS_INFO
+static_assert(offsetof(qg_w4a16_gemm_args, layout) == 128 || sizeof(void*) != 8,
+              "qg_w4a16_gemm_args: the fields of its first version end at byte 128");
 
 template <class T>
 qg_status read_args(const T* in, T* out) {
@@ -225,12 +231,24 @@ qg_status read_args(const T* in, T* out) {
     QG_CHECK(in->size >= ArgsInfo<T>::first_size,
              "args->size=%zu is smaller than the oldest known struct (%s is %zu bytes)", in->size,
              ArgsInfo<T>::name, ArgsInfo<T>::first_size);
+    // a size between two versions would cut a field in half: only a version's own size
+    // (the first one or this build's) or a newer, larger one is a struct
+    QG_CHECK(in->size == ArgsInfo<T>::first_size || in->size >= sizeof(T),
+             "args->size=%zu is between the sizes of two versions of %s (%zu and %zu bytes)", in->size,
+             ArgsInfo<T>::name, ArgsInfo<T>::first_size, sizeof(T));
     memset(out, 0, sizeof(T));
     memcpy(out, in, std::min(in->size, sizeof(T)));
     return QG_OK;
 }
 
 // ------------------------------------------------------------------ per-family checks
+
+qg_status check_w4a16_layout(int layout) {
+    EnumText t;
+    QG_CHECK(layout == QG_W4A16_LAYOUT_CANONICAL || layout == QG_W4A16_LAYOUT_FRAG,
+             "layout=%s is not a qg_w4a16_layout value (0 canonical, 1 frag)", t(nullptr, layout));
+    return QG_OK;
+}
 
 qg_status check_w4a16(const qg_w4a16_gemm_args& a, bool pointers) {
     QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
@@ -256,12 +274,66 @@ qg_status check_w4a16(const qg_w4a16_gemm_args& a, bool pointers) {
     QG_TRY(check_extent("ldx", a.ldx, "x", a.m, (int64_t)dtype_size(a.x_dtype)));
     QG_TRY(check_extent("ldy", a.ldy, "y", a.m, (int64_t)dtype_size(a.y_dtype)));
     QG_TRY(check_extent("k", a.k, "qweight (k/8 words per row)", a.n, 1));
+    QG_TRY(check_w4a16_layout(a.layout));
+    const bool frag = a.layout == QG_W4A16_LAYOUT_FRAG;
     if (pointers) {
         QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
-        QG_TRY(check_ptr(a.qweight, "qweight", 4, "int32 words"));
-        QG_TRY(check_ptr(a.scales, "scales", dtype_size(a.scale_dtype), dtype_name(a.scale_dtype)));
-        QG_TRY(check_opt_ptr(a.qzeros, "qzeros", 4, "int32 words"));
+        if (frag) {
+            // the frag planes are read with 16-byte loads (qg_malloc's alignment is larger)
+            QG_TRY(check_ptr(a.qweight, "qweight", 16, "frag layout: 16-byte fragment loads"));
+            QG_TRY(check_ptr(a.scales, "scales", 16, "frag layout: 16-byte scale records"));
+            QG_TRY(check_opt_ptr(a.qzeros, "qzeros", 16, "frag layout: 16-byte zero records"));
+        } else {
+            QG_TRY(check_ptr(a.qweight, "qweight", 4, "int32 words"));
+            QG_TRY(check_ptr(a.scales, "scales", dtype_size(a.scale_dtype), dtype_name(a.scale_dtype)));
+            QG_TRY(check_opt_ptr(a.qzeros, "qzeros", 4, "int32 words"));
+        }
         QG_TRY(check_ptr(a.y, "y", dtype_size(a.y_dtype), dtype_name(a.y_dtype)));
+    }
+    return QG_OK;
+}
+
+// [lo, lo + bytes) and [lo2, lo2 + bytes2) share no byte
+bool disjoint(const void* p, size_t bytes, const void* q, size_t bytes2) {
+    const uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+    return p == nullptr || q == nullptr || a + bytes <= b || b + bytes2 <= a;
+}
+
+qg_status check_w4a16_repack(const qg_w4a16_repack_args& a, bool pointers) {
+    EnumText t;
+    QG_CHECK(a.layout == QG_W4A16_LAYOUT_FRAG, "layout=%s: qg_w4a16_repack produces QG_W4A16_LAYOUT_FRAG (1) only",
+             t(a.layout == QG_W4A16_LAYOUT_CANONICAL ? "QG_W4A16_LAYOUT_CANONICAL" : nullptr, a.layout));
+    QG_TRY(check_positive("n", a.n));
+    QG_TRY(check_positive("k", a.k));
+    const int G = a.group_size;
+    QG_CHECK(G == 32 || G == 64 || G == 128, "group_size=%d is not one of 32, 64, 128", G);
+    QG_CHECK(a.k % G == 0, "k=%lld is not a multiple of group_size=%d", (ll)a.k, G);
+    QG_CHECK(a.n % 8 == 0, "n=%lld is not a multiple of 8 (qzeros pack 8 rows per word)", (ll)a.n);
+    QG_TRY(check_dtype("scale_dtype", a.scale_dtype, kF16 | kBF16, "W4A16 scales (fp16 or bf16)"));
+    QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "qweight (k/8 words per row)", a.n + qg::frag::kRowBlock, 1));
+    if (!pointers) return QG_OK;
+    QG_TRY(check_ptr(a.qweight, "qweight", 4, "int32 words"));
+    QG_TRY(check_ptr(a.scales, "scales", 2, dtype_name(a.scale_dtype)));
+    QG_TRY(check_opt_ptr(a.qzeros, "qzeros", 4, "int32 words"));
+    QG_TRY(check_ptr(a.out_qweight, "out_qweight", 16, "frag layout: 16-byte fragment loads"));
+    QG_TRY(check_ptr(a.out_scales, "out_scales", 16, "frag layout: 16-byte scale records"));
+    QG_CHECK((a.qzeros == nullptr) == (a.out_qzeros == nullptr),
+             "out_qzeros must be given exactly when qzeros is (it is %s, qzeros is %s)", a.out_qzeros ? "set" : "NULL",
+             a.qzeros ? "set" : "NULL");
+    QG_TRY(check_opt_ptr(a.out_qzeros, "out_qzeros", 16, "frag layout: 16-byte zero records"));
+    const qg::frag::Geometry geo(a.n, a.k, G);
+    const size_t in_q = (size_t)a.n * (size_t)(a.k / 8) * 4, in_s = (size_t)a.n * (size_t)(a.k / G) * 2;
+    const size_t in_z = a.qzeros ? (size_t)(a.n / 8) * (size_t)(a.k / G) * 4 : 0;
+    const void* outs[3] = {a.out_qweight, a.out_scales, a.out_qzeros};
+    const size_t out_bytes[3] = {(size_t)geo.qweight_bytes(), (size_t)geo.scales_bytes(), (size_t)geo.qzeros_bytes()};
+    const char* out_names[3] = {"out_qweight", "out_scales", "out_qzeros"};
+    for (int i = 0; i < 3; ++i) {
+        QG_CHECK(disjoint(outs[i], out_bytes[i], a.qweight, in_q) && disjoint(outs[i], out_bytes[i], a.scales, in_s) &&
+                     disjoint(outs[i], out_bytes[i], a.qzeros, in_z),
+                 "%s overlaps an input array (the repack reads the canonical arrays while it writes)", out_names[i]);
+        for (int j = 0; j < i; ++j)
+            QG_CHECK(disjoint(outs[i], out_bytes[i], outs[j], out_bytes[j]), "%s overlaps %s", out_names[i],
+                     out_names[j]);
     }
     return QG_OK;
 }
@@ -404,6 +476,34 @@ qg_status check_moe_stage2(const qg_moe_stage2_args& a) {
     return QG_OK;
 }
 
+// Workspace queries read no pointer: the tiers are asked with every pointer NULL (aligned
+// for every alignment test) and row strides rounded up to 16, so that the answer holds
+// whatever pointers and strides the call brings.
+int64_t round16(int64_t v) { return (v + 15) / 16 * 16; }
+void strip_pointers(qg_w4a16_gemm_args* a) {
+    // asymmetric stays asymmetric: an aligned stand-in, never dereferenced by a query
+    if (a->qzeros != nullptr) a->qzeros = reinterpret_cast<const int32_t*>(256);
+    a->x = a->scales = nullptr;
+    a->qweight = nullptr;
+    a->y = a->workspace = nullptr;
+    a->ldx = round16(a->ldx);
+    a->ldy = round16(a->ldy);
+}
+void strip_pointers(qg_gguf_gemm_args* a) {
+    a->x = a->w = nullptr;
+    a->y = a->workspace = nullptr;
+    a->ldx = round16(a->ldx);
+    a->ldw = round16(a->ldw);
+    a->ldy = round16(a->ldy);
+}
+void strip_pointers(qg_mxfp4_gemm_args* a) {
+    a->x = a->bias = nullptr;
+    a->blocks = a->scales = nullptr;
+    a->y = a->workspace = nullptr;
+    a->ldx = round16(a->ldx);
+    a->ldy = round16(a->ldy);
+}
+
 // ------------------------------------------------------------------ contexts and events
 
 // CPU model name from /proc/cpuinfo, "CPU" where that is not available.
@@ -429,11 +529,6 @@ void cpu_model_name(char* buf, size_t size) {
 // created stream is never NULL.
 char g_cpu_stream_token;
 
-const char* unsupported_gpu_family(const char* family) {
-    static thread_local char buf[160];
-    snprintf(buf, sizeof(buf), "%s has no GPU tier in this build yet; use a CPU context", family);
-    return buf;
-}
 
 }  // namespace
 
@@ -611,10 +706,66 @@ QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_
         if (strcmp(o.name, name) != 0) continue;
         QG_CHECK(value >= o.lo && value <= o.hi, "option %s=%lld is out of range (%s)", name, (ll)value, o.values);
         ctx->*o.field = value;
+        // a numeric tier option replaces a tier forced by name (qg_context_set_tier)
+        if (o.field == &qg_context::w4a16_tier) ctx->forced_tier[qg::FAMILY_W4A16] = nullptr;
+        if (o.field == &qg_context::gguf_tier) ctx->forced_tier[qg::FAMILY_GGUF] = nullptr;
         return QG_OK;
     }
     return set_error(QG_ERR_INVALID_ARGUMENT, "unknown option \"%s\" (known: cpu_threads, w4a16_tier, gguf_tier, split_k)",
                      name);
+}
+
+}  // extern "C"
+
+namespace {
+// The static name of tier `tier` in `t`, or nullptr; appends the table's names to `known`.
+template <class Args>
+const char* tier_name_in(const qg::TierTable<Args>& t, const char* tier, char* known, size_t size) {
+    const char* found = nullptr;
+    for (int i = 0; i < t.count; ++i) {
+        if (qg::same_text(t.tiers[i]->name, tier)) found = t.tiers[i]->name;
+        const size_t used = strlen(known);
+        if (strstr(known, t.tiers[i]->name) == nullptr)
+            snprintf(known + used, size - used, "%s%s", used ? ", " : "", t.tiers[i]->name);
+    }
+    return found;
+}
+}  // namespace
+
+extern "C" {
+
+QG_API qg_status qg_context_set_tier(qg_context* ctx, const char* family, const char* tier) {
+    return guarded("qg_context_set_tier", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        QG_CHECK(family != nullptr, "family is NULL");
+        QG_CHECK(tier != nullptr, "tier is NULL");
+        int f = -1;
+        const char* families[qg::FAMILY_COUNT] = {"w4a16", "gguf", "mxfp4", "moe"};
+        for (int i = 0; i < qg::FAMILY_COUNT; ++i)
+            if (strcmp(families[i], family) == 0) f = i;
+        QG_CHECK(f >= 0, "family=\"%s\" is not a kernel family (w4a16, gguf, mxfp4, moe)", family);
+        if (strcmp(tier, "auto") == 0) {
+            ctx->forced_tier[f] = nullptr;
+            return QG_OK;
+        }
+        char known[512] = "";
+        const char* name = nullptr;
+        switch (f) {
+            case qg::FAMILY_W4A16: name = tier_name_in(qg::w4a16_tier_table(), tier, known, sizeof(known)); break;
+            case qg::FAMILY_GGUF: name = tier_name_in(qg::gguf_tier_table(), tier, known, sizeof(known)); break;
+            case qg::FAMILY_MXFP4: name = tier_name_in(qg::mxfp4_tier_table(), tier, known, sizeof(known)); break;
+            default: {
+                // the MoE launches have one table each; a name must exist in one of them
+                const char* a = tier_name_in(qg::moe_align_tier_table(), tier, known, sizeof(known));
+                const char* b = tier_name_in(qg::moe_stage1_tier_table(), tier, known, sizeof(known));
+                const char* c = tier_name_in(qg::moe_stage2_tier_table(), tier, known, sizeof(known));
+                name = a ? a : b ? b : c;
+            }
+        }
+        QG_CHECK(name != nullptr, "tier=\"%s\" is not a %s tier of this build (auto, %s)", tier, family, known);
+        ctx->forced_tier[f] = name;
+        return QG_OK;
+    });
 }
 
 // ------------------------------------------------------------------ memory, streams, events
@@ -771,43 +922,215 @@ QG_API qg_status qg_event_elapsed_ms(qg_context* ctx, qg_event* start, qg_event*
     return QG_OK;
 }
 
-// ------------------------------------------------------------------ W4A16
 
-QG_API qg_status qg_w4a16_gemm_workspace_size(qg_context* ctx, const qg_w4a16_gemm_args* args, size_t* bytes) {
-    return guarded("qg_w4a16_gemm_workspace_size", [&]() -> qg_status {
+}  // extern "C"
+
+// ------------------------------------------------------------------ kernel entry points
+//
+// Every GEMM and MoE entry point is the same skeleton (run_entry): guard, read the struct,
+// return at once on an empty problem, check every argument, pick the tier from the family's
+// table (src/tier_table.h), check the workspace against what that tier needs, log, launch.
+// Entry<Args> holds what differs between the families.
+
+namespace {
+
+using qg::Tier;
+using qg::TierTable;
+
+template <class Args>
+struct Entry;
+
+template <>
+struct Entry<qg_w4a16_gemm_args> {
+    static constexpr qg::Family family = qg::FAMILY_W4A16;
+    static constexpr const char* query = "qg_w4a16_gemm_workspace_size";
+    static const TierTable<qg_w4a16_gemm_args>& table() { return qg::w4a16_tier_table(); }
+    static int64_t option(const qg_context* c) { return c->w4a16_tier; }
+    static int64_t rows(const qg_w4a16_gemm_args& a) { return a.m; }
+    static constexpr const char* rows_name = "m";
+    static qg_status check(const qg_w4a16_gemm_args& a, bool pointers) { return check_w4a16(a, pointers); }
+    static void log(const qg_w4a16_gemm_args& a, const char* tier, const char* reason) {
+        qg::log_once("w4a16 tier=%s (%s) m=%lld n=%lld k=%lld group_size=%d %s %s layout=%s", tier, reason, (ll)a.m,
+                     (ll)a.n, (ll)a.k, a.group_size, a.qzeros ? "asym" : "sym", dtype_name(a.x_dtype),
+                     a.layout == QG_W4A16_LAYOUT_FRAG ? "frag" : "canonical");
+    }
+};
+
+template <>
+struct Entry<qg_gguf_gemm_args> {
+    static constexpr qg::Family family = qg::FAMILY_GGUF;
+    static constexpr const char* query = "qg_gguf_gemm_workspace_size";
+    static const TierTable<qg_gguf_gemm_args>& table() { return qg::gguf_tier_table(); }
+    static int64_t option(const qg_context* c) { return c->gguf_tier; }
+    static int64_t rows(const qg_gguf_gemm_args& a) { return a.m; }
+    static constexpr const char* rows_name = "m";
+    static qg_status check(const qg_gguf_gemm_args& a, bool pointers) { return check_gguf(a, pointers); }
+    static void log(const qg_gguf_gemm_args& a, const char* tier, const char* reason) {
+        qg::log_once("gguf tier=%s (%s) format=%s m=%lld n=%lld k=%lld x=%s", tier, reason, format_name(a.format),
+                     (ll)a.m, (ll)a.n, (ll)a.k, dtype_name(a.x_dtype));
+    }
+};
+
+template <>
+struct Entry<qg_mxfp4_gemm_args> {
+    static constexpr qg::Family family = qg::FAMILY_MXFP4;
+    static constexpr const char* query = "qg_mxfp4_gemm_workspace_size";
+    static const TierTable<qg_mxfp4_gemm_args>& table() { return qg::mxfp4_tier_table(); }
+    static int64_t option(const qg_context*) { return 0; }
+    static int64_t rows(const qg_mxfp4_gemm_args& a) { return a.m; }
+    static constexpr const char* rows_name = "m";
+    static qg_status check(const qg_mxfp4_gemm_args& a, bool pointers) { return check_mxfp4(a, pointers); }
+    static void log(const qg_mxfp4_gemm_args& a, const char* tier, const char* reason) {
+        qg::log_once("mxfp4 tier=%s (%s) m=%lld n=%lld k=%lld x=%s bias=%s", tier, reason, (ll)a.m, (ll)a.n, (ll)a.k,
+                     dtype_name(a.x_dtype), a.bias ? "yes" : "no");
+    }
+};
+
+// MoE launches take no workspace; their row count is the token count.
+struct MoeEntry {
+    static constexpr qg::Family family = qg::FAMILY_MOE;
+    static constexpr const char* query = nullptr;
+    static int64_t option(const qg_context*) { return 0; }
+    static constexpr const char* rows_name = "num_tokens";
+};
+
+template <>
+struct Entry<qg_moe_align_args> : MoeEntry {
+    static const TierTable<qg_moe_align_args>& table() { return qg::moe_align_tier_table(); }
+    static int64_t rows(const qg_moe_align_args& a) { return a.num_tokens; }
+    static qg_status check(const qg_moe_align_args& a, bool) {
+        QG_TRY(check_routing_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m));
+        QG_TRY(check_ptr(a.topk_ids, "topk_ids", 4, "int32"));
+        return check_routing_ptrs(a.sorted_ids, a.tile_experts, a.num_sorted);
+    }
+    static void log(const qg_moe_align_args& a, const char* tier, const char* reason) {
+        qg::log_once("moe_align tier=%s (%s) tokens=%lld top_k=%d experts=%d tile_m=%d", tier, reason,
+                     (ll)a.num_tokens, a.top_k, a.num_experts, a.tile_m);
+    }
+};
+
+template <>
+struct Entry<qg_moe_stage1_args> : MoeEntry {
+    static const TierTable<qg_moe_stage1_args>& table() { return qg::moe_stage1_tier_table(); }
+    static int64_t rows(const qg_moe_stage1_args& a) { return a.num_tokens; }
+    static qg_status check(const qg_moe_stage1_args& a, bool) { return check_moe_stage1(a); }
+    static void log(const qg_moe_stage1_args& a, const char* tier, const char* reason) {
+        qg::log_once("moe_stage1 tier=%s (%s) tokens=%lld hidden=%lld intermediate=%lld experts=%d top_k=%d", tier,
+                     reason, (ll)a.num_tokens, (ll)a.hidden, (ll)a.intermediate, a.num_experts, a.top_k);
+    }
+};
+
+template <>
+struct Entry<qg_moe_stage2_args> : MoeEntry {
+    static const TierTable<qg_moe_stage2_args>& table() { return qg::moe_stage2_tier_table(); }
+    static int64_t rows(const qg_moe_stage2_args& a) { return a.num_tokens; }
+    static qg_status check(const qg_moe_stage2_args& a, bool) { return check_moe_stage2(a); }
+    static void log(const qg_moe_stage2_args& a, const char* tier, const char* reason) {
+        qg::log_once("moe_stage2 tier=%s (%s) tokens=%lld hidden=%lld intermediate=%lld experts=%d top_k=%d", tier,
+                     reason, (ll)a.num_tokens, (ll)a.hidden, (ll)a.intermediate, a.num_experts, a.top_k);
+    }
+};
+
+// workspace fields, for the families that have them
+template <class Args>
+qg_status check_call_workspace(const Args& a, size_t need, const char* query) {
+    return check_workspace(a.workspace, a.workspace_bytes, need, query);
+}
+template <>
+qg_status check_call_workspace(const qg_moe_align_args&, size_t, const char*) { return QG_OK; }
+template <>
+qg_status check_call_workspace(const qg_moe_stage1_args&, size_t, const char*) { return QG_OK; }
+template <>
+qg_status check_call_workspace(const qg_moe_stage2_args&, size_t, const char*) { return QG_OK; }
+
+template <class Args>
+qg_status run_entry(const char* fn, qg_context* ctx, const Args* args, qg_stream stream) {
+    typedef Entry<Args> E;
+    return guarded(fn, [&]() -> qg_status {
         QG_TRY(check_ctx(ctx));
-        qg_w4a16_gemm_args a;
+        Args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(E::rows(a) >= 0, "%s=%lld is negative", E::rows_name, (ll)E::rows(a));
+        if (E::rows(a) == 0) return QG_OK;
+        QG_TRY(E::check(a, true));
+        const Tier<Args>* tier = nullptr;
+        const char* reason = "";
+        QG_TRY(qg::select_tier(ctx, E::table(), a, ctx->forced_tier[E::family], E::option(ctx), &tier, &reason));
+        QG_TRY(check_call_workspace(a, tier->workspace ? tier->workspace(ctx, a) : 0, E::query));
+        if (qg::log_enabled()) E::log(a, tier->name, reason);
+        return tier->launch(ctx, a, stream);
+    });
+}
+
+// The workspace query: the most any tier that the call could run on needs. It may not read
+// pointers, so the tiers are asked with them replaced by NULL (which every alignment
+// condition accepts): the answer then holds for any pointers the call brings.
+template <class Args>
+qg_status run_workspace_query(const char* fn, qg_context* ctx, const Args* args, size_t* bytes) {
+    typedef Entry<Args> E;
+    return guarded(fn, [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        Args a;
         QG_TRY(read_args(args, &a));
         QG_CHECK(bytes != nullptr, "bytes is NULL");
-        QG_TRY(check_w4a16(a, false));
+        QG_TRY(E::check(a, false));
         size_t need = 0;
-#if defined(QG_HAVE_GPU_W4A16)
-        if (is_gpu(ctx) && a.m > 0) need = qg::gpu_w4a16_gemm_workspace(ctx, &a);
-#endif
+        if (E::rows(a) > 0) {
+            Args probe = a;
+            strip_pointers(&probe);
+            need = qg::workspace_bound(ctx, E::table(), probe, ctx->forced_tier[E::family], E::option(ctx));
+        }
         *bytes = need;
         return QG_OK;
     });
 }
 
+}  // namespace
+
+extern "C" {
+
+// ------------------------------------------------------------------ W4A16
+
+QG_API qg_status qg_w4a16_gemm_workspace_size(qg_context* ctx, const qg_w4a16_gemm_args* args, size_t* bytes) {
+    return run_workspace_query("qg_w4a16_gemm_workspace_size", ctx, args, bytes);
+}
+
 QG_API qg_status qg_w4a16_gemm(qg_context* ctx, const qg_w4a16_gemm_args* args, qg_stream stream) {
-    return guarded("qg_w4a16_gemm", [&]() -> qg_status {
-        QG_TRY(check_ctx(ctx));
-        qg_w4a16_gemm_args a;
+    return run_entry("qg_w4a16_gemm", ctx, args, stream);
+}
+
+QG_API qg_status qg_w4a16_repack_size(const qg_w4a16_repack_args* args, size_t* qweight_bytes, size_t* scales_bytes,
+                                      size_t* qzeros_bytes) {
+    return guarded("qg_w4a16_repack_size", [&]() -> qg_status {
+        qg_w4a16_repack_args a;
         QG_TRY(read_args(args, &a));
-        QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
-        if (a.m == 0) return QG_OK;
-        QG_TRY(check_w4a16(a, true));
+        QG_CHECK(qweight_bytes != nullptr && scales_bytes != nullptr && qzeros_bytes != nullptr,
+                 "qweight_bytes, scales_bytes and qzeros_bytes must not be NULL");
+        QG_TRY(check_w4a16_repack(a, false));
+        const qg::frag::Geometry geo(a.n, a.k, a.group_size);
+        *qweight_bytes = (size_t)geo.qweight_bytes();
+        *scales_bytes = (size_t)geo.scales_bytes();
+        *qzeros_bytes = (size_t)geo.qzeros_bytes();
+        return QG_OK;
+    });
+}
+
+QG_API qg_status qg_w4a16_repack(qg_context* ctx, const qg_w4a16_repack_args* args, qg_stream stream) {
+    return guarded("qg_w4a16_repack", [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        qg_w4a16_repack_args a;
+        QG_TRY(read_args(args, &a));
+        QG_TRY(check_w4a16_repack(a, true));
+        qg::log_once("w4a16 repack to %s on %s: n=%lld k=%lld group_size=%d %s", "frag",
+                     is_gpu(ctx) ? "the GPU" : "the CPU", (ll)a.n, (ll)a.k, a.group_size, a.qzeros ? "asym" : "sym");
         if (!is_gpu(ctx)) {
-            qg::log_once("w4a16 tier=cpu m=%lld n=%lld k=%lld group_size=%d %s", (ll)a.m, (ll)a.n, (ll)a.k,
-                         a.group_size, a.qzeros ? "asym" : "sym");
-            return qg::cpu_w4a16_gemm(ctx, &a);
+            qg::w4a16_repack_frag_host(a);
+            return QG_OK;
         }
-#if defined(QG_HAVE_GPU_W4A16)
-        QG_TRY(check_workspace(a.workspace, a.workspace_bytes, qg::gpu_w4a16_gemm_workspace(ctx, &a),
-                               "qg_w4a16_gemm_workspace_size"));
-        return qg::gpu_w4a16_gemm(ctx, &a, stream);
+#if defined(QG_HAVE_GPU)
+        return qg::gpu_w4a16_repack(ctx, a, stream);
 #else
-        return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("W4A16 GEMM"));
+        return set_error(QG_ERR_INTERNAL, "unreachable: GPU context without QG_HAVE_GPU");
 #endif
     });
 }
@@ -815,71 +1138,21 @@ QG_API qg_status qg_w4a16_gemm(qg_context* ctx, const qg_w4a16_gemm_args* args, 
 // ------------------------------------------------------------------ GGUF
 
 QG_API qg_status qg_gguf_gemm_workspace_size(qg_context* ctx, const qg_gguf_gemm_args* args, size_t* bytes) {
-    return guarded("qg_gguf_gemm_workspace_size", [&]() -> qg_status {
-        QG_TRY(check_ctx(ctx));
-        qg_gguf_gemm_args a;
-        QG_TRY(read_args(args, &a));
-        QG_CHECK(bytes != nullptr, "bytes is NULL");
-        QG_TRY(check_gguf(a, false));
-        size_t need = 0;
-#if defined(QG_HAVE_GPU_GGUF)
-        if (is_gpu(ctx) && a.m > 0) need = qg::gpu_gguf_gemm_workspace(ctx, &a);
-#endif
-        *bytes = need;
-        return QG_OK;
-    });
+    return run_workspace_query("qg_gguf_gemm_workspace_size", ctx, args, bytes);
 }
 
 QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg_stream stream) {
-    return guarded("qg_gguf_gemm", [&]() -> qg_status {
-        QG_TRY(check_ctx(ctx));
-        qg_gguf_gemm_args a;
-        QG_TRY(read_args(args, &a));
-        QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
-        if (a.m == 0) return QG_OK;
-        QG_TRY(check_gguf(a, true));
-        if (!is_gpu(ctx)) {
-            qg::log_once("gguf tier=cpu format=%s m=%lld n=%lld k=%lld x=%s", format_name(a.format), (ll)a.m, (ll)a.n,
-                         (ll)a.k, dtype_name(a.x_dtype));
-            return qg::cpu_gguf_gemm(ctx, &a);
-        }
-#if defined(QG_HAVE_GPU_GGUF)
-        QG_TRY(check_workspace(a.workspace, a.workspace_bytes, qg::gpu_gguf_gemm_workspace(ctx, &a),
-                               "qg_gguf_gemm_workspace_size"));
-        return qg::gpu_gguf_gemm(ctx, &a, stream);
-#else
-        return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("GGUF GEMM"));
-#endif
-    });
+    return run_entry("qg_gguf_gemm", ctx, args, stream);
 }
 
 // ------------------------------------------------------------------ MXFP4 dense
 
 QG_API qg_status qg_mxfp4_gemm_workspace_size(qg_context* ctx, const qg_mxfp4_gemm_args* args, size_t* bytes) {
-    return guarded("qg_mxfp4_gemm_workspace_size", [&]() -> qg_status {
-        QG_TRY(check_ctx(ctx));
-        qg_mxfp4_gemm_args a;
-        QG_TRY(read_args(args, &a));
-        QG_CHECK(bytes != nullptr, "bytes is NULL");
-        QG_TRY(check_mxfp4(a, false));
-        *bytes = 0;
-        return QG_OK;
-    });
+    return run_workspace_query("qg_mxfp4_gemm_workspace_size", ctx, args, bytes);
 }
 
 QG_API qg_status qg_mxfp4_gemm(qg_context* ctx, const qg_mxfp4_gemm_args* args, qg_stream stream) {
-    return guarded("qg_mxfp4_gemm", [&]() -> qg_status {
-        QG_TRY(check_ctx(ctx));
-        qg_mxfp4_gemm_args a;
-        QG_TRY(read_args(args, &a));
-        QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
-        if (a.m == 0) return QG_OK;
-        QG_TRY(check_mxfp4(a, true));
-        if (is_gpu(ctx)) return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("mxfp4 GEMM"));
-        qg::log_once("mxfp4 tier=cpu m=%lld n=%lld k=%lld x=%s bias=%s", (ll)a.m, (ll)a.n, (ll)a.k,
-                     dtype_name(a.x_dtype), a.bias ? "yes" : "no");
-        return qg::cpu_mxfp4_gemm(ctx, &a);
-    });
+    return run_entry("qg_mxfp4_gemm", ctx, args, stream);
 }
 
 // ------------------------------------------------------------------ MXFP4 MoE
@@ -894,50 +1167,15 @@ QG_API qg_status qg_moe_align_sizes(int64_t num_tokens, int32_t top_k, int32_t n
 }
 
 QG_API qg_status qg_moe_align(qg_context* ctx, const qg_moe_align_args* args, qg_stream stream) {
-    return guarded("qg_moe_align", [&]() -> qg_status {
-        QG_TRY(check_ctx(ctx));
-        qg_moe_align_args a;
-        QG_TRY(read_args(args, &a));
-        QG_CHECK(a.num_tokens >= 0, "num_tokens=%lld is negative", (ll)a.num_tokens);
-        if (a.num_tokens == 0) return QG_OK;
-        QG_TRY(check_routing_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m));
-        QG_TRY(check_ptr(a.topk_ids, "topk_ids", 4, "int32"));
-        QG_TRY(check_routing_ptrs(a.sorted_ids, a.tile_experts, a.num_sorted));
-        if (is_gpu(ctx)) return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("MoE align"));
-        qg::log_once("moe_align tier=cpu tokens=%lld top_k=%d experts=%d tile_m=%d", (ll)a.num_tokens, a.top_k,
-                     a.num_experts, a.tile_m);
-        return qg::cpu_moe_align(ctx, &a);
-    });
+    return run_entry("qg_moe_align", ctx, args, stream);
 }
 
 QG_API qg_status qg_moe_stage1(qg_context* ctx, const qg_moe_stage1_args* args, qg_stream stream) {
-    return guarded("qg_moe_stage1", [&]() -> qg_status {
-        QG_TRY(check_ctx(ctx));
-        qg_moe_stage1_args a;
-        QG_TRY(read_args(args, &a));
-        QG_CHECK(a.num_tokens >= 0, "num_tokens=%lld is negative", (ll)a.num_tokens);
-        if (a.num_tokens == 0) return QG_OK;
-        QG_TRY(check_moe_stage1(a));
-        if (is_gpu(ctx)) return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("MoE stage 1"));
-        qg::log_once("moe_stage1 tier=cpu tokens=%lld hidden=%lld intermediate=%lld experts=%d top_k=%d", (ll)a.num_tokens,
-                     (ll)a.hidden, (ll)a.intermediate, a.num_experts, a.top_k);
-        return qg::cpu_moe_stage1(ctx, &a);
-    });
+    return run_entry("qg_moe_stage1", ctx, args, stream);
 }
 
 QG_API qg_status qg_moe_stage2(qg_context* ctx, const qg_moe_stage2_args* args, qg_stream stream) {
-    return guarded("qg_moe_stage2", [&]() -> qg_status {
-        QG_TRY(check_ctx(ctx));
-        qg_moe_stage2_args a;
-        QG_TRY(read_args(args, &a));
-        QG_CHECK(a.num_tokens >= 0, "num_tokens=%lld is negative", (ll)a.num_tokens);
-        if (a.num_tokens == 0) return QG_OK;
-        QG_TRY(check_moe_stage2(a));
-        if (is_gpu(ctx)) return set_error(QG_ERR_UNSUPPORTED, "%s", unsupported_gpu_family("MoE stage 2"));
-        qg::log_once("moe_stage2 tier=cpu tokens=%lld hidden=%lld intermediate=%lld experts=%d top_k=%d", (ll)a.num_tokens,
-                     (ll)a.hidden, (ll)a.intermediate, a.num_experts, a.top_k);
-        return qg::cpu_moe_stage2(ctx, &a);
-    });
+    return run_entry("qg_moe_stage2", ctx, args, stream);
 }
 
 }  // extern "C"

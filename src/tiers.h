@@ -18,6 +18,9 @@ struct qg_context {
     int64_t w4a16_tier = 0;
     int64_t gguf_tier = 0;
     int64_t split_k = 0;
+    // tier forced by name per family (qg_context_set_tier): a tier table's static name, or
+    // nullptr for the numeric option / auto; index: Family below
+    const char* forced_tier[4] = {nullptr, nullptr, nullptr, nullptr};
     // GPU properties read once at creation (zero on the CPU backend)
     int sm_count = 0;
     int cc_major = 0, cc_minor = 0;
@@ -26,6 +29,9 @@ struct qg_context {
 };
 
 namespace qg {
+
+// Kernel families, for qg_context::forced_tier and qg_context_set_tier's names.
+enum Family { FAMILY_W4A16 = 0, FAMILY_GGUF = 1, FAMILY_MXFP4 = 2, FAMILY_MOE = 3, FAMILY_COUNT = 4 };
 
 // Records `fmt` as this thread's qg_last_error() sentence and returns `status`.
 qg_status set_error(qg_status status, const char* fmt, ...)
@@ -50,6 +56,12 @@ qg_status cpu_moe_align(const qg_context* ctx, const qg_moe_align_args* a);
 qg_status cpu_moe_stage1(const qg_context* ctx, const qg_moe_stage1_args* a);
 qg_status cpu_moe_stage2(const qg_context* ctx, const qg_moe_stage2_args* a);
 
+// W4A16 layouts on the host (src/w4a16_layout.cpp): the CPU repack, its inverse, and the CPU
+// tier on a frag-layout weight (unpacks to canonical, then cpu_w4a16_gemm).
+void w4a16_repack_frag_host(const qg_w4a16_repack_args& a);
+void w4a16_frag_to_canonical_host(const qg_w4a16_gemm_args& a, int32_t* qweight, uint16_t* scales, int32_t* qzeros);
+qg_status cpu_w4a16_gemm_frag(const qg_context* ctx, const qg_w4a16_gemm_args* a);
+
 // ---------------------------------------------------------------- GPU tier (src/gpu/)
 // Compiled only when QG_HAVE_GPU is defined (CUDA or HIP build).
 #if defined(QG_HAVE_GPU)
@@ -72,16 +84,10 @@ qg_status gpu_event_elapsed_ms(const qg_context* ctx, void* start, void* stop, f
 // Checks the launch that just happened; names `what` in the error.
 qg_status gpu_check_launch(const char* what);
 
-// kernel families: workspace queries return bytes; launchers return a status
-size_t gpu_w4a16_gemm_workspace(const qg_context* ctx, const qg_w4a16_gemm_args* a);
-qg_status gpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a, qg_stream stream);
-size_t gpu_gguf_gemm_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a);
-qg_status gpu_gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_stream stream);
-// GGUF on the integer tensor cores (src/gpu/gguf_mma_launch.cpp), called by gpu_gguf_gemm:
-// usable() says whether this device and these pointers allow it (why: the reason if not).
-bool gpu_gguf_mma_usable(const qg_context* ctx, const qg_gguf_gemm_args* a, const char** why);
-size_t gpu_gguf_mma_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a);
-qg_status gpu_gguf_mma_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_stream stream);
+// The kernel families' GPU tiers are entries of their tier tables (src/tier_table.h),
+// defined next to their launchers in src/gpu/*_launch.cpp.
+// W4A16 repack into the frag layout on the device (src/gpu/w4a16_repack_launch.cpp).
+qg_status gpu_w4a16_repack(const qg_context* ctx, const qg_w4a16_repack_args& a, qg_stream stream);
 // Shared memory per SM in bytes (occupancy estimates of the launchers).
 int gpu_smem_per_sm(const qg_context* ctx);
 #endif

@@ -667,11 +667,17 @@ def struct_size(struct_type, delta):
     return size + delta
 
 
+# Sizes of the first version of the structs that have grown (include/quantgemm.h: argument
+# structs only grow; a caller built against the first version passes its size).
+FIRST_SIZE = {L.qg_w4a16_gemm_args: 128}
+
+
 def common_expect(exp, spec, struct_type):
     exp.bad(spec["ctx_null"], "ctx")
     exp.bad(spec["args_mode"] == "null", "args")
     size = struct_size(struct_type, spec["size_delta"])
-    exp.bad(size < ctypes.sizeof(struct_type), "size")
+    first = FIRST_SIZE.get(struct_type, ctypes.sizeof(struct_type))
+    exp.bad(size < ctypes.sizeof(struct_type) and size != first, "size")
     exp.open(size > ctypes.sizeof(struct_type), "size")
     return size
 
@@ -706,9 +712,12 @@ def w4a16_specs(draw):
     s["ldx"], s["ldy"] = s["k"] + s["ldx_pad"], s["n"] + s["ldy_pad"]
     for _ in range(draw(N_MUTATIONS)):
         what = draw(st.sampled_from(["m", "n", "k", "G", "x_dtype", "y_dtype", "scale_dtype",
-                                     "zero_dtype", "ldx", "ldy", "ptr", "args", "huge"]))
+                                     "zero_dtype", "ldx", "ldy", "ptr", "args", "huge", "layout"]))
         if what == "m":
             s["m"] = draw(st.sampled_from([0, -1, -2 ** 63]))
+        elif what == "layout":
+            # not a qg_w4a16_layout value (1 = frag is valid, but these buffers are canonical)
+            s["layout"] = draw(st.sampled_from([2, -1, 7, 2 ** 31 - 1]))
         elif what == "n":
             s["n"] = draw(st.sampled_from([0, -8, 1, 4, 12, 7]))
         elif what == "k":
@@ -759,6 +768,9 @@ def w4a16_expect(s, pointers=True):
     exp.bad(s["ptr"]["qzeros"] != "null" and s["zero_dtype"] != U4X8, "zero_dtype")
     exp.bad(s["ldx"] < k, "ldx")
     exp.bad(s["ldy"] < n, "ldy")
+    # a first-version struct (size 128) has no layout field: canonical whatever it holds
+    first_version = struct_size(L.qg_w4a16_gemm_args, s["size_delta"]) == FIRST_SIZE[L.qg_w4a16_gemm_args]
+    exp.bad(s.get("layout", 0) != 0 and not first_version, "layout")
     exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)
     if pointers:
         for p in ("x", "qweight", "scales", "y"):
@@ -796,7 +808,7 @@ def w4a16_case(s, env=CPU_ENV):
         x=mem.input("x", x_flat, ptr["x"]), ldx=s["ldx"],
         qweight=mem.input("qweight", qweight, ptr["qweight"]),
         scales=mem.input("scales", scales, ptr["scales"]),
-        qzeros=mem.input("qzeros", qzeros, ptr["qzeros"]), ldy=s["ldy"])
+        qzeros=mem.input("qzeros", qzeros, ptr["qzeros"]), ldy=s["ldy"], layout=s.get("layout", 0))
     y_rows = max(am, 1)
     y_elems = (y_rows - 1) * max(ldy, 0) + max(an, 0)
     a.y = mem.output("y", y_elems * DTYPE_BYTES[ydt], ptr["y"])

@@ -8,7 +8,7 @@
 
 #include "cpu/convert.h"
 #include "cpu/dequant.h"
-#include "cpu/moe_sizes.h"
+#include "moe_sizes.h"
 #include "cpu/parallel.h"
 #include "cpu/tile_gemm.h"
 #include "tiers.h"

@@ -1,0 +1,56 @@
+// The GGUF tier table and its auto policy (src/tier_table.h says how a call is routed).
+//
+//   name             option  where
+//   cpu              -       CPU contexts (src/cpu/gguf.cpp)
+//   <gpu>:float      1       every GPU: x kept in fp32, SIMT decode (hip/gguf.hip)
+//   <gpu>:int8_mma   2       NVIDIA sm_80+: x quantized to int8 per 32, mma.sync (hip/gguf_mma.hip)
+#include "tier_table.h"
+
+namespace qg {
+namespace {
+
+bool cpu_usable(const qg_context* ctx, const qg_gguf_gemm_args&, const char** why) {
+    return cpu_context_only(ctx, why);
+}
+
+qg_status cpu_launch(const qg_context* ctx, const qg_gguf_gemm_args& a, qg_stream) { return cpu_gguf_gemm(ctx, &a); }
+
+const Tier<qg_gguf_gemm_args> kCpuTier = {"cpu", 0, cpu_usable, nullptr, cpu_launch};
+
+const Tier<qg_gguf_gemm_args>* const kTiers[] = {
+    &kCpuTier,
+#if defined(QG_HAVE_GPU)
+    &gpu_gguf_float_tier,
+    &gpu_gguf_int8_tier,
+#endif
+};
+
+const Tier<qg_gguf_gemm_args>* choose(const qg_context* ctx, const qg_gguf_gemm_args& a, const char** reason) {
+    if (!on_gpu(ctx)) {
+        *reason = "CPU context";
+        return &kCpuTier;
+    }
+#if defined(QG_HAVE_GPU)
+    // Q6_K at m = 1 stays on the float tier: on the H200 it is as fast there (43008 x 5376)
+    // or faster (5376 x 21504: 58.6 vs 72.3 us), and exact in x (bench/NOTES.md, g3)
+    const bool q6k_single_row = a.format == QG_FORMAT_Q6_K && a.m == 1;
+    if (!q6k_single_row && usable(gpu_gguf_int8_tier, ctx, a)) {
+        *reason = "int8 x on the matrix units";
+        return &gpu_gguf_int8_tier;
+    }
+    *reason = q6k_single_row ? "q6_K at m = 1: the float tier measured as fast" : "no int8 mma tier here: float x";
+    return &gpu_gguf_float_tier;
+#else
+    *reason = "";
+    return nullptr;
+#endif
+}
+
+}  // namespace
+
+const TierTable<qg_gguf_gemm_args>& gguf_tier_table() {
+    static const TierTable<qg_gguf_gemm_args> table = {"gguf", kTiers, sizeof(kTiers) / sizeof(kTiers[0]), choose};
+    return table;
+}
+
+}  // namespace qg
