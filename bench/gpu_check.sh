@@ -6,7 +6,9 @@
 #                      [bench] [record] [compare]
 #   (no stage named = build test memcheck bench)
 #
-# Environment: QG_BENCH_ARGS (extra arguments for `python -m pyquant bench`),
+# Environment: QG_PREBUILT (a libquantgemm.so built elsewhere, e.g. carried from the
+# development machine: used instead of building when it loads here),
+# QG_BENCH_ARGS (extra arguments for `python -m pyquant bench`),
 # QG_TEST_ARGS (extra pytest arguments of the test stage), QG_SANITIZE_ARGS (of the
 # compute-sanitizer stages, see bench/gpu_sanitize.sh), QG_CUDA_ARCHS (default 90a).
 # Missing pure-Python packages (gguf) travel as wheels in .whl/ (see README).
@@ -21,9 +23,16 @@ export PYQUANT_LIB=$PWD/build-gpu/libquantgemm.so
 
 if has build; then
     t0=$(date +%s)
-    qg_build_gpu "$OUT/build.log"
-    rc=$?
-    summary+=("build rc=$rc ($(( $(date +%s) - t0 )) s)")
+    if [ -n "${QG_PREBUILT:-}" ] && [ -f "$QG_PREBUILT" ] && \
+       PYQUANT_LIB="$PWD/$QG_PREBUILT" python3 -c "import pyquant" > "$OUT/build.log" 2>&1; then
+        export PYQUANT_LIB="$PWD/$QG_PREBUILT"
+        rc=0
+        summary+=("build: prebuilt $QG_PREBUILT loads here")
+    else
+        qg_build_gpu "$OUT/build.log"
+        rc=$?
+        summary+=("build rc=$rc ($(( $(date +%s) - t0 )) s)")
+    fi
     if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; printf '%s\n' "${summary[@]}"; exit 1; fi
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader \
         > "$OUT/gpu.txt" 2>&1

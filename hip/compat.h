@@ -64,7 +64,24 @@
 #define hipEventSynchronize cudaEventSynchronize
 #define hipEventElapsedTime cudaEventElapsedTime
 #define hipFuncSetAttribute cudaFuncSetAttribute
+#define hipLaunchKernel cudaLaunchKernel
 #define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
+
+// Tensor maps for the bulk tensor copy engine (TMA, sm_90): the driver API's types (header
+// only: libcuda is opened lazily by the static runtime) and its encoder, reached through
+// the runtime's entry-point query so that nothing links libcuda.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#define QG_HAVE_TENSOR_MAPS 1
+typedef CUtensorMap qg_tensor_map;
+inline void* qg_driver_entry_point(const char* name) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+        return nullptr;
+    return fn;
+}
 
 // device intrinsics: HIP's shuffles take no mask; every lane of the warp participates
 #define __shfl_xor(var, lane_mask, width) __shfl_xor_sync(0xffffffffu, (var), (lane_mask), (width))
@@ -83,4 +100,9 @@
 // gpu_context_init's compute capability; device code uses these guards.
 #if defined(QG_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define QG_HAS_MMA_SYNC 1
+#endif
+// wgmma, setmaxnreg and the TMA copies the prefill tier uses: the sm_90a feature set
+// (nvcc defines __CUDA_ARCH_FEAT_SM90_ALL for -gencode arch=compute_90a).
+#if defined(QG_GPU_CUDA) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QG_HAS_WGMMA 1
 #endif

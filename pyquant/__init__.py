@@ -30,6 +30,7 @@ from .weights import GGUFWeight, Int4Weight, MXFP4Weight  # noqa: E402
 from .api import GemmPlan, build_info, from_gguf, from_mxfp4, gemm, gemm_plan, moe, quantize  # noqa: E402
 from .loaders import load_gguf, load_safetensors  # noqa: E402
 from . import formats  # noqa: E402
+from . import tiers  # noqa: E402  (pyquant.tiers.tiers(): the tier names of this build)
 
 
 # `pyquant.formats` is both the reference subpackage (pyquant.formats.get, .q4_k, ...) and,
@@ -51,5 +52,5 @@ __all__ = [
     "cpu_context", "default_context", "device_count", "gpu_available", "gpu_context",
     "Int4Weight", "GGUFWeight", "MXFP4Weight",
     "formats", "build_info", "quantize", "from_gguf", "from_mxfp4", "gemm", "gemm_plan", "GemmPlan", "moe",
-    "load_gguf", "load_safetensors",
+    "load_gguf", "load_safetensors", "tiers",
 ]

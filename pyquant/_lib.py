@@ -133,6 +133,18 @@ def _missing(name):
     return stub
 
 
+def _missing_symbol(name):
+    def stub(*args, **kwargs):
+        raise LibraryNotFoundError(Status.QG_ERR_INTERNAL,
+                                   f"{name}: {LIB_PATH} has no such function: the library is older than "
+                                   f"pyquant {_package_version}; rebuild it (pip install .) or point "
+                                   "PYQUANT_LIB at a matching one")
+    stub.__name__ = name
+    stub.argtypes = None
+    stub.restype = None
+    return stub
+
+
 def _check(status, func=None, args=None):
     """errcheck of every qg_status binding: QG_OK passes, anything else raises.
 
@@ -153,7 +165,12 @@ def _fn(name: str, argtypes: list, restype):
     """Binds `name` with its argtypes and restype; qg_status results go through _check."""
     if _LIB is None:
         return _missing(name)
-    f = getattr(_LIB, name)
+    try:
+        f = getattr(_LIB, name)
+    except AttributeError:
+        # an older library than this package: the version check below names it; calls fail
+        # with the path rather than an AttributeError
+        return _missing_symbol(name)
     f.argtypes = argtypes
     f.restype = restype
     if restype is qg_status:

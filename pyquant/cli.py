@@ -48,6 +48,8 @@ def info() -> int:
         return 1
     print(f"library: {_lib.LIB_PATH}")
     print(f"build:   {pyquant.build_info()}")
+    for family, names in pyquant.tiers.tiers().items():
+        print(f"tiers:   {family:6s} {', '.join(names)}")
     for backend in ("cpu", "cuda", "hip"):
         print(f"devices: {backend:4s} {device.device_count(backend)}")
     try:

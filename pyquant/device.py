@@ -165,6 +165,11 @@ class Context:
     def set_option(self, name: str, value: int) -> None:
         _lib.qg_context_set_option(self.handle, name.encode(), int(value))
 
+    def set_tier(self, family: str, tier: str) -> None:
+        """Forces `family`'s tier by name ("w4a16", "cuda:decode_frag"), or "auto"
+        (qg_context_set_tier; pyquant.tiers() lists the names of this build)."""
+        _lib.qg_context_set_tier(self.handle, str(family).encode(), str(tier).encode())
+
     def synchronize(self, stream=None) -> None:
         _lib.qg_stream_synchronize(self.handle, stream_handle(stream))
 

@@ -10,16 +10,15 @@ zero-point tensor refused. Fresh random inputs (seed printed on failure).
 from __future__ import annotations
 
 import ctypes
-import re
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import pyquant
-from pyquant import _lib
+from pyquant import _lib, tiers
 from pyquant import formats as F
-from pyquant.formats import int8_act, reference
+from pyquant.formats import int4_frag, int8_act, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -44,10 +43,8 @@ gguf_float_bound = w4a16_bound
 
 
 def _tiers_built(family: str) -> bool:
-    """True when qg_build_info lists a GPU tier for `family` ("w4a16=cpu,cuda ...")."""
-    m = re.search(rf"\b{family}=(\S+)", pyquant.build_info())
-    return bool(m) and any(t in ("cuda", "hip") or t.startswith(("cuda", "hip"))
-                           for t in m.group(1).split(","))
+    """True when qg_build_info lists a GPU tier for `family` ("w4a16=cpu,cuda:simt,...")."""
+    return any(tiers.backend_of(t) in ("cuda", "hip") for t in tiers.tiers().get(family, []))
 
 
 def _need(family: str):
@@ -95,15 +92,22 @@ def _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, y_dt):
 
 # ---------------------------------------------------------------- W4A16
 
+LAYOUTS = ("frag", "canonical")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("n", [8, 24, 4104], ids=lambda n: f"n{n}")
 @pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
 @pytest.mark.parametrize("group_size", [32, 64, 128], ids=lambda g: f"g{g}")
 @pytest.mark.parametrize("x_dt", [F16, BF16], ids=["fp16", "bf16"])
-def test_w4a16_gpu(rng, gpu_ctx, x_dt, group_size, symmetric, n, poisoned_output, assert_close):
+def test_w4a16_gpu(rng, gpu_ctx, x_dt, group_size, symmetric, n, layout, poisoned_output, assert_close):
+    """Every tier on both layouts (the frag layout pads N to 16 and K to 128: N = 8, 24 and
+    K = one group exercise the padding)."""
     _need("w4a16")
     k = {8: group_size, 24: 4 * group_size, 4104: 4096}[n]  # one group; a few; a real K
     w = random_int4(rng, n, k, group_size, symmetric, BF16 if n % 16 else F16)
-    wd = w.to_device(gpu_ctx)
+    wd = w.to_device(gpu_ctx, layout=layout)
+    assert wd.layout == layout
     w_deq = w.dequantize()
     for i, m in enumerate((1, 2, 3, 5, 8, 16, 17, 33)):
         y_dt = (x_dt, F32)[i % 2]
@@ -115,18 +119,20 @@ def test_w4a16_gpu(rng, gpu_ctx, x_dt, group_size, symmetric, n, poisoned_output
             y = _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, y_dt)
             assert_close(y, ref, w4a16_bound(k, y_dt),
                          f"w4a16 tier={tier} g{group_size} {'sym' if symmetric else 'asym'} "
-                         f"x={x_dt} y={y_dt} m={m} n={n} k={k}")
+                         f"x={x_dt} y={y_dt} m={m} n={n} k={k} {layout}")
         assert 0 in _run_tiers(gpu_ctx, "w4a16", check)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("split_k", [1, 2, 3, 8])
-def test_w4a16_gpu_forced_split_k(rng, gpu_ctx, split_k, poisoned_output, assert_close):
+def test_w4a16_gpu_forced_split_k(rng, gpu_ctx, split_k, layout, poisoned_output, assert_close):
     """split_k only changes the order of fp32 sums (same bound); the workspace counters
-    re-arm, so back-to-back calls on one workspace stay right."""
+    re-arm, so back-to-back calls on one workspace stay right. N = 264 is two row tiles of
+    the frag decode (one partial) and five row blocks of the canonical one."""
     _need("w4a16")
     n, k, g = 264, 2048, 128
     w = random_int4(rng, n, k, g, False, BF16)
-    wd, w_deq = w.to_device(gpu_ctx), w.dequantize()
+    wd, w_deq = w.to_device(gpu_ctx, layout=layout), w.dequantize()
     gpu_ctx.set_option("split_k", split_k)
     try:
         for m in (1, 7, 16):
@@ -140,7 +146,8 @@ def test_w4a16_gpu_forced_split_k(rng, gpu_ctx, split_k, poisoned_output, assert
         gpu_ctx.set_option("split_k", 0)
 
 
-def test_w4a16_gpu_one_hot(rng, gpu_ctx, assert_bitwise_equal):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_w4a16_gpu_one_hot(rng, gpu_ctx, layout, assert_bitwise_equal):
     """x = one-hot rows: (q - z) * s is formed once in fp32 from exact factors, so y (fp32)
     is the decoded weight bit for bit on every tier."""
     _need("w4a16")
@@ -148,7 +155,7 @@ def test_w4a16_gpu_one_hot(rng, gpu_ctx, assert_bitwise_equal):
         for symmetric in (False, True):
             n, k = 24, 2 * g
             w = random_int4(rng, n, k, g, symmetric, BF16)
-            wd = w.to_device(gpu_ctx)
+            wd = w.to_device(gpu_ctx, layout=layout)
             for m_extra, x_dt in ((0, F16), (k, BF16)):  # M = K, and M = 2K (prefill sizes)
                 perm = np.concatenate([rng.permutation(k), rng.permutation(k)[:m_extra]])
                 x = np.zeros((len(perm), k), np.float32)
@@ -159,14 +166,14 @@ def test_w4a16_gpu_one_hot(rng, gpu_ctx, assert_bitwise_equal):
                 def check(tier):
                     y = pyquant.gemm(xd, wd, out_dtype=np.float32).to_numpy()
                     assert_bitwise_equal(y, want, f"one-hot w4a16 tier={tier} g{g} sym={symmetric} "
-                                         f"m={len(perm)} x={x_dt}")
+                                         f"m={len(perm)} x={x_dt} {layout}")
                 _run_tiers(gpu_ctx, "w4a16", check)
 
 
 def test_w4a16_gpu_fp16_zero_points_refused(rng, gpu_ctx, poisoned_output):
     """Zero-points in the activation dtype are refused, in Python and at the C layer."""
     _need("w4a16")
-    w = random_int4(rng, 8, 128, 32, False, F16).to_device(gpu_ctx)
+    w = random_int4(rng, 8, 128, 32, False, F16).to_device(gpu_ctx, layout="canonical")
     zeros_f16 = pyquant.DeviceArray.from_numpy(np.full((8, 4), 8, np.float16), gpu_ctx)
     with pytest.raises(pyquant.QuantGemmError, match=r"qzeros has dtype float16: zero-points must stay 4-bit"):
         pyquant.Int4Weight(w.qweight, w.scales, zeros_f16, 32)
@@ -181,6 +188,131 @@ def test_w4a16_gpu_fp16_zero_points_refused(rng, gpu_ctx, poisoned_output):
         _lib.qg_w4a16_gemm(gpu_ctx.handle, ctypes.byref(args), None)
     gpu_ctx.synchronize()
     assert g.unchanged(), "a refused call wrote into the device output"
+
+
+def _force(gpu_ctx, family, tier, call):
+    """call() with `tier` forced by name; the forcing is undone afterwards."""
+    gpu_ctx.set_tier(family, tier)
+    try:
+        return call()
+    finally:
+        gpu_ctx.set_tier(family, "auto")
+
+
+def _prefill_tier_runs(gpu_ctx) -> bool:
+    """The prefill tier exists in this build and runs on this device (sm_90a, cc 9.0)."""
+    name = next((t for t in tiers.tiers().get("w4a16", []) if t.endswith(":prefill_wgmma")), None)
+    if name is None:
+        return False
+    w = random_int4(np.random.default_rng(0), 16, 128, 128, True, BF16).to_device(gpu_ctx)
+    x = pyquant.DeviceArray.from_numpy(np.ones((17, 128), BF16), gpu_ctx)
+    try:
+        _force(gpu_ctx, "w4a16", name, lambda: pyquant.gemm(x, w))
+    except pyquant.QuantGemmError as e:
+        if e.status == _lib.Status.QG_ERR_UNSUPPORTED:
+            return False
+        raise
+    return True
+
+
+def _need_prefill(gpu_ctx):
+    _need("w4a16")
+    if not _prefill_tier_runs(gpu_ctx):
+        pytest.skip(f"the w4a16 prefill tier does not run here: {pyquant.build_info()}")
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
+@pytest.mark.parametrize("group_size", [32, 64, 128], ids=lambda g: f"g{g}")
+@pytest.mark.parametrize("x_dt", [F16, BF16], ids=["fp16", "bf16"])
+def test_w4a16_gpu_prefill(rng, gpu_ctx, x_dt, group_size, symmetric, poisoned_output, assert_close):
+    """The prefill tier forced at M that are not multiples of its token tiles (64, 128),
+    N = 264 (two 128-row tiles, the second partial, and a padded row block) and K = 384 + G
+    (padded to a multiple of 128 unless G = 128), against the numpy reference."""
+    _need_prefill(gpu_ctx)
+    name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
+    n, k = 264, 384 + group_size
+    w = random_int4(rng, n, k, group_size, symmetric, BF16 if symmetric else F16)
+    wd, w_deq = w.to_device(gpu_ctx, layout="frag"), w.dequantize()
+    for i, m in enumerate((17, 32, 33, 64, 300, 517)):
+        y_dt = (x_dt, F32)[i % 2]
+        x = random_x(rng, m, k, x_dt)
+        xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+        y = _force(gpu_ctx, "w4a16", name, lambda: _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, y_dt))
+        assert_close(y, reference.gemm(x, w_deq), w4a16_bound(k, y_dt),
+                     f"w4a16 prefill g{group_size} {'sym' if symmetric else 'asym'} x={x_dt} y={y_dt} m={m}")
+
+
+def test_w4a16_gpu_prefill_large(rng, gpu_ctx, poisoned_output, assert_close):
+    """Many row and token tiles: N = 4104 (33 row tiles, the last partial), K = 2048, M = 517
+    (5 tiles of 128 tokens, the last partial), under auto (which picks prefill here)."""
+    _need_prefill(gpu_ctx)
+    n, k, m = 4104, 2048, 517
+    for g, x_dt in ((128, BF16), (32, F16)):
+        w = random_int4(rng, n, k, g, False, BF16)
+        wd = w.to_device(gpu_ctx)
+        x = random_x(rng, m, k, x_dt)
+        y = _guarded_gemm(gpu_ctx, poisoned_output, pyquant.DeviceArray.from_numpy(x, gpu_ctx), wd, m, n, F32)
+        assert_close(y, reference.gemm(x, w.dequantize()), w4a16_bound(k, F32), f"w4a16 prefill large g{g}")
+
+
+def test_w4a16_gpu_decode_and_prefill_agree(rng, gpu_ctx, assert_close):
+    """Around the crossover both tiers compute the same function: at M = 16 and 17 the
+    decode and prefill results differ by no more than their two bounds together."""
+    _need_prefill(gpu_ctx)
+    names = {t.split(":")[1]: t for t in tiers.tiers()["w4a16"] if ":" in t}
+    n, k = 520, 1024
+    w = random_int4(rng, n, k, 64, False, BF16)
+    wd = w.to_device(gpu_ctx)
+    for m in (16, 17):
+        x = random_x(rng, m, k, BF16)
+        xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+        got = {t: _force(gpu_ctx, "w4a16", names[t], lambda: pyquant.gemm(xd, wd, out_dtype=np.float32).to_numpy())
+               for t in ("decode_frag", "prefill_wgmma")}
+        assert_close(got["prefill_wgmma"], got["decode_frag"], 2 * w4a16_bound(k, F32), f"decode vs prefill m={m}")
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
+@pytest.mark.parametrize("group_size", [32, 64, 128], ids=lambda g: f"g{g}")
+def test_w4a16_gpu_repack_matches_reference(rng, gpu_ctx, group_size, symmetric):
+    """The GPU repack writes the numpy reference's planes byte for byte (N and K that need
+    padding, and a real size), and unpacking them gives the canonical arrays back."""
+    _need("w4a16")
+    for n, k in ((24, 3 * group_size), (4104, 4096 + group_size)):
+        w = random_int4(rng, n, k, group_size, symmetric, F16)
+        r = w.to_device(gpu_ctx, layout="frag")
+        fq, fs, fz = int4_frag.repack(w.qweight, w.scales, w.qzeros, group_size)
+        np.testing.assert_array_equal(r.qweight.to_numpy(), fq)
+        np.testing.assert_array_equal(r.scales.to_numpy().view(np.uint16), fs.view(np.uint16))
+        if symmetric:
+            assert r.qzeros is None
+        else:
+            np.testing.assert_array_equal(r.qzeros.to_numpy(), fz)
+        back = r.canonical_arrays()
+        np.testing.assert_array_equal(back[0], w.qweight)
+        np.testing.assert_array_equal(back[1].view(np.uint16), w.scales.view(np.uint16))
+
+
+def test_w4a16_gpu_every_tier_by_name(rng, gpu_ctx, assert_close):
+    """qg_context_set_tier forces each GPU tier of the build by name: a tier runs or says
+    why it cannot (QG_ERR_UNSUPPORTED naming the condition), never a wrong answer."""
+    _need("w4a16")
+    n, k, m = 64, 256, 3
+    w = random_int4(rng, n, k, 64, False, BF16)
+    x = random_x(rng, m, k, BF16)
+    xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+    ref = reference.gemm(x, w.dequantize())
+    ran = set()
+    for layout in LAYOUTS:
+        wd = w.to_device(gpu_ctx, layout=layout)
+        for name in tiers.tiers()["w4a16"]:
+            try:
+                y = _force(gpu_ctx, "w4a16", name, lambda: pyquant.gemm(xd, wd, out_dtype=np.float32).to_numpy())
+            except pyquant.QuantGemmError as e:
+                assert e.status == _lib.Status.QG_ERR_UNSUPPORTED and name in str(e), str(e)
+                continue
+            assert_close(y, ref, w4a16_bound(k, F32), f"tier {name} {layout}")
+            ran.add(name)
+    assert any(t.endswith(":simt") for t in ran) and any(":decode" in t for t in ran), ran
 
 
 # ---------------------------------------------------------------- GGUF

@@ -379,15 +379,16 @@ def test_config_json_mismatch_is_reported(tmp_path, rng):
 
 
 def test_tier_for_follows_build_info():
-    info = "quantgemm 0.1.0 format 1; backends: cpu cuda(sm_90a); tiers: w4a16=cpu,cuda " \
-           "gguf=cpu,cuda mxfp4=cpu moe=cpu; build: Release g++"
+    info = "quantgemm 0.1.0 format 2; backends: cpu cuda(sm_90a); tiers: w4a16=cpu,cuda:simt," \
+           "cuda:decode_frag,cuda:prefill_wgmma gguf=cpu,cuda:float,cuda:int8_mma mxfp4=cpu moe=cpu; " \
+           "build: Release g++"
     for fmt in formats.names():
         assert qinspect.tier_for(fmt, info, "cpu") == "cpu"
-    int4_gpu = qinspect.tier_for("int4", info, "cuda")
-    assert int4_gpu.startswith("cuda.decode") and "no prefill tier" in int4_gpu
-    assert qinspect.tier_for("q4_K", info, "cuda").startswith("cuda.decode")
+    assert qinspect.tier_for("int4", info, "cuda") == "cuda:simt / cuda:decode_frag / cuda:prefill_wgmma"
+    assert qinspect.tier_for("q4_K", info, "cuda") == "cuda:float / cuda:int8_mma"
     assert qinspect.tier_for("mxfp4", info, "cuda").startswith("cpu only")
     assert "moe" in qinspect.tier_for("mxfp4", info, "cuda", experts=True)
+    assert qinspect.tier_for("int4", info, "hip").startswith("cpu only")
 
 
 def test_inspect_lists_every_tensor(gguf_file, capsys):

@@ -44,11 +44,11 @@ GGUF_TILE_ROWS = 256  # random GGUF rows generated, then repeated to N rows (val
 
 
 def family_has_tier(build: str, family: str, backend: str) -> bool:
-    """True when qg_build_info ("... tiers: w4a16=cpu,cuda gguf=cpu,cuda mxfp4=cpu ...")
-    lists `backend` among `family`'s tiers (a tier may carry a suffix, "cuda(sm_90a)");
-    True also when the build string names no tiers for the family (then the call decides)."""
-    m = re.search(rf"\b{re.escape(family)}=([^\s;]+)", build)
-    return m is None or any(t.split("(")[0] == backend for t in m.group(1).split(","))
+    """True when qg_build_info ("... tiers: w4a16=cpu,cuda:decode_frag gguf=cpu mxfp4=cpu ...")
+    lists a tier of `backend` for `family` (older builds: "cuda", "cuda(sm_90a)"); True also
+    when the build string names no tiers for the family (then the call decides)."""
+    from .. import tiers
+    return tiers.has_backend(build, family, backend)
 
 
 def cpu_llc_bytes() -> int:
@@ -153,6 +153,7 @@ class LibraryRunner:
         self._weights = None
         self._ckey = None
         self._call = None
+        self.repack_ms = {}   # (n, k, G, symmetric) -> (ms, canonical bytes)
 
     # ------------------------------------------------------------ machine
 
@@ -190,12 +191,31 @@ class LibraryRunner:
             if self.gpu:
                 w = tuple(x.to_device(self.ctx) for x in w) if isinstance(w, tuple) else w.to_device(self.ctx)
             ws.append(w)
+        if self.gpu and case.family == "w4a16":
+            self._time_repack(case, ws[0])
         first = ws[0][0] if isinstance(ws[0], tuple) else ws[0]
         if case.family != "moe" and first.nbytes != C.dense_weight_bytes(case):
             print(f"bench: warning: {case.label}: weight.nbytes = {first.nbytes} but the bench "
                   f"counts {C.dense_weight_bytes(case)} bytes", file=sys.stderr)
         self._wkey, self._weights = case.weight_key, ws
         return ws
+
+    def _time_repack(self, case: C.Case, w) -> None:
+        """Device time of qg_w4a16_repack (canonical -> frag) for this weight, once per shape
+        and group size: the one-time cost a frag weight pays (reported in the notes)."""
+        key = (case.n, case.k, C.parse_w4a16_variant(case.variant).group_size, w.qzeros is None)
+        if key in self.repack_ms:
+            return
+        canon = w.to_device(self.ctx, layout="canonical") if w.layout == "frag" else w
+        times = []
+        for _ in range(3):  # the first includes the kernels' load
+            start, stop = self.ctx.event(), self.ctx.event()
+            start.record()
+            canon.repack("frag")
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_ms(stop))
+        self.repack_ms[key] = (min(times[1:]), canon.nbytes)
 
     def _callable(self, case: C.Case):
         """fn(i): one call of the case on weight copy i % copies."""
@@ -261,6 +281,9 @@ class LibraryRunner:
             out.append(f"{starved} groups of timed calls were enqueued slower than the device ran "
                        f"them even behind {self.timer.MAX_BACKLOG} backlog copies: their times "
                        "may include host launch gaps")
+        for (n, k, g, sym), (ms, nbytes) in sorted(self.repack_ms.items()):
+            out.append(f"w4a16 repack {n}x{k} g{g} {'sym' if sym else 'asym'} to the frag layout on the GPU: "
+                       f"{ms * 1e3:.0f} us ({nbytes / (ms * 1e-3) / 1e9:.0f} GB/s of canonical weight read)")
         return out
 
     def close(self) -> None:

@@ -5,51 +5,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 
 import numpy as np
 
 from .. import formats as _formats
+from .. import tiers as _tiers
 from .checkpoint import Checkpoint
 from .gguf_file import load_gguf
 from .safetensors_file import load_safetensors
 
 # Kernel family of each FormatSpec.kind, as qg_build_info() names families ("tiers: w4a16=...").
 _FAMILY_OF_KIND = {"int4": "w4a16", "gguf": "gguf", "mxfp4": "mxfp4"}
-# GPU families with two tiers picked by M (DESIGN.md "Kernel families"); the W4A16 split is
-# fixed at M <= 16, the GGUF one is a measured per-shape decision, so it is not quoted.
-# The GPU tiers a family has: decode kernels only so far; a larger M runs as several decode
-# launches (16 rows of x each for W4A16; 8 for GGUF on the int8 tier, 4 on the float tier)
-# until a prefill tier exists.
-_GPU_SPLIT = {"w4a16": ("decode (16 rows per launch; no prefill tier yet)",),
-              "gguf": ("decode (int8 x, 8 rows per launch on NVIDIA sm_80+; float x, 4 rows, "
-                       "elsewhere; no prefill tier yet)",)}
-
-
-def _build_tiers(build_info: str) -> dict[str, list[str]]:
-    """'...; tiers: w4a16=cpu,cuda gguf=cpu mxfp4=cpu; ...' -> {family: [backend, ...]}."""
-    m = re.search(r"tiers:\s*([^;]*)", build_info)
-    if not m:
-        return {}
-    out = {}
-    for item in m.group(1).split():
-        family, _, backends = item.partition("=")
-        out[family] = [b for b in backends.split(",") if b]
-    return out
-
-
 def tier_for(fmt: str, build_info: str, backend: str, experts: bool = False) -> str:
-    """Which tier of a build (its qg_build_info text) runs a weight of format `fmt` on a
-    context of `backend` ("cpu", "cuda", "hip"); experts=True for stacked MoE weights."""
+    """Which tiers of a build (its qg_build_info text) can run a weight of format `fmt` on a
+    context of `backend` ("cpu", "cuda", "hip"); experts=True for stacked MoE weights. The
+    auto policy of the family's tier table picks among them by M, layout and device."""
     family = "moe" if experts else _FAMILY_OF_KIND[_formats.get(fmt).kind]
-    compiled = _build_tiers(build_info).get(family, [])
+    listed = _tiers.parse(build_info).get(family, [])
     if backend == "cpu":
-        return "cpu" if "cpu" in compiled or not compiled else f"none ({family} not built)"
-    if backend not in compiled:
+        return "cpu" if "cpu" in listed or not listed else f"none ({family} not built)"
+    names = [t for t in listed if _tiers.backend_of(t) == backend]
+    if not names:
         return f"cpu only (no {backend} tier for {family} in this build)"
-    split = _GPU_SPLIT.get(family)
-    return " / ".join(f"{backend}.{s}" for s in split) if split else backend
+    return " / ".join(names)
 
 
 def _build_and_backend() -> tuple[str, str]:

@@ -43,6 +43,17 @@ QG_FRAG_HD inline int nibble_k(int lane, int s, int j) {
     return 16 * s + 2 * (lane & 3) + (j >> 2) + 8 * ((j >> 1) & 1);
 }
 
+// The inverse: where q[n][k] lives. Returns the index of its word in the qweight plane
+// (k_tiles = Kp / 64) and sets *shift to its bit position in that word.
+QG_FRAG_HD inline int64_t q_word_index(int64_t k_tiles, int64_t n, int64_t k, int* shift) {
+    const int r = static_cast<int>(n % kRowBlock), kk = static_cast<int>(k % kKTile);
+    const int s = kk / 16, c = kk % 16;                 // k16 step, k inside it
+    const int p = (r >= 8 ? 1 : 0) + (c >= 8 ? 2 : 0);  // A register a0..a3
+    const int lane = 4 * (r % 8) + (c % 8) / 2, j = p + 4 * (c % 2);
+    *shift = 4 * j;
+    return (((n / kRowBlock) * k_tiles + k / kKTile) * kLanes + lane) * kWordsPerLane + s;
+}
+
 struct Geometry {
     int64_t n, k;          // logical shape
     int group_size;        // G

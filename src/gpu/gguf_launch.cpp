@@ -1,12 +1,11 @@
-// Launcher of the GGUF GEMM float decode tier (gguf_tier 1, device code: hip/gguf.hip),
-// and the tier choice: gpu_gguf_gemm hands a call to the int8 mma tier (gguf_tier 2,
-// src/gpu/gguf_mma_launch.cpp) where it can run.
+// Launcher of the GGUF GEMM float decode tier (gguf_tier 1, device code: hip/gguf.hip):
+// the GGUF table's entry gpu_gguf_float_tier (src/tier_table.h; the choice between it and
+// the int8 tier of src/gpu/gguf_mma_launch.cpp: src/gguf_tiers.cpp).
 //
-// Implements qg::gpu_gguf_gemm and qg::gpu_gguf_gemm_workspace (src/tiers.h).
-// api.cpp has already checked every argument the ABI defines (pointers, format,
-// shapes, K % block_elems, ldw >= row bytes, dtypes, m > 0); this file checks what only
-// this tier knows (alignment of x / y / workspace, workspace size, 32-bit index
-// ranges), picks a configuration and launches on the caller's stream.
+// api.cpp has already checked every argument the ABI defines (pointers and their element
+// alignment, format, shapes, K % block_elems, ldw >= row bytes and even, dtypes, m > 0,
+// the workspace against this tier's need); this file picks a configuration and launches
+// on the caller's stream.
 //
 // M > 4 is served by one decode launch per chunk of 4 rows of x (a chunk of 3 runs the
 // 4-row kernel with the 4th row masked): correct, not fast; the prefill tier and a
@@ -21,6 +20,7 @@
 #if !defined(QG_HAVE_GPU)
 #define QG_HAVE_GPU 1
 #endif
+#include "tier_table.h"
 #include "tiers.h"
 #include "gguf.hip"
 #include "launch_util.h"
@@ -239,7 +239,7 @@ qg_status launch_kernel(const qg_context* ctx, const Plan& pl, hipStream_t strea
 }
 
 template <int FMT, int MT>
-struct Tier {
+struct Variant {
     // Bytes for any weight pointer: the larger of the two kernel variants' needs.
     static size_t workspace(const qg_context* ctx, const qg_gguf_gemm_args* a)
     {
@@ -253,7 +253,7 @@ struct Tier {
     {
         const Plan pl = make_plan<FMT, MT>(ctx, a, load_bytes_for(a->w, a->ldw));
         if (pl.ws_bytes > 0 && (a->workspace == nullptr || a->workspace_bytes < pl.ws_bytes)) {
-            // gpu_gguf_gemm checked the workspace against the query before any launch
+            // api.cpp checked the workspace against this tier's need before any launch
             return set_error(QG_ERR_INTERNAL, "gguf decode plan needs %zu workspace bytes, more than the query's %zu",
                              pl.ws_bytes, a->workspace_bytes);
         }
@@ -291,7 +291,7 @@ struct Tier {
     }
 };
 
-// Runtime (format, mt) -> Tier<FMT, MT>::op(args...), generated from QG_GGUF_FORMATS
+// Runtime (format, mt) -> Variant<FMT, MT>::op(args...), generated from QG_GGUF_FORMATS
 // and the M-tile list: the one place where runtime values become template arguments.
 #define QG_GGUF_MTILES(X) X(1) X(2) X(4)
 
@@ -322,7 +322,7 @@ struct WorkspaceOp {
     const qg_context* ctx;
     const qg_gguf_gemm_args* a;
     template <int FMT, int MT>
-    size_t run() { return Tier<FMT, MT>::workspace(ctx, a); }
+    size_t run() { return Variant<FMT, MT>::workspace(ctx, a); }
     size_t unknown() { return 0; }
 };
 
@@ -333,14 +333,12 @@ struct LaunchOp {
     hipStream_t stream;
     int launches;
     template <int FMT, int MT>
-    qg_status run() { return Tier<FMT, MT>::launch(ctx, a, m0, stream, launches); }
+    qg_status run() { return Variant<FMT, MT>::launch(ctx, a, m0, stream, launches); }
     qg_status unknown()
     {
         return set_error(QG_ERR_INVALID_ARGUMENT, "format=%d is not a GGUF format", (int)a->format);
     }
 };
-
-bool is_aligned(const void* p, int bytes) { return ((uintptr_t)p & (uintptr_t)(bytes - 1)) == 0; }
 
 // The float tier's workspace (gguf_tier 1).
 size_t simt_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a)
@@ -356,80 +354,29 @@ size_t simt_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a)
     return bytes;
 }
 
-// Tier 2 (int8 mma) when the device and the pointers allow it, else the float tier 1;
-// a forced tier that cannot run answers QG_ERR_UNSUPPORTED with the reason. Auto keeps
-// Q6_K at m = 1 on the float tier: measured on the H200 (bench/NOTES.md) it is as fast
-// there (43008 x 5376) or faster (5376 x 21504: 58.6 vs 72.3 us), and exact in x.
-bool use_mma(const qg_context* ctx, const qg_gguf_gemm_args* a, const char** why)
-{
-    if (ctx->gguf_tier == 1) return false;
-    if (ctx->gguf_tier == 0 && a->format == QG_FORMAT_Q6_K && a->m == 1) return false;
-    return gpu_gguf_mma_usable(ctx, a, why);
-}
-
 }  // namespace
 
-size_t gpu_gguf_gemm_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a)
+// ================================================================ the float tier (gguf_tier 1)
+// gpu_gguf_int8_tier lives in src/gpu/gguf_mma_launch.cpp.
+
+namespace {
+
+bool float_usable(const qg_context* ctx, const qg_gguf_gemm_args& a, const char** why)
 {
-    if (a->m <= 0) return 0;
-    // the query cannot know the weight pointer: enough for either tier
-    const size_t simt = simt_workspace(ctx, a);
-    if (ctx->gguf_tier == 1) return simt;
-    const char* why = "";
-    qg_gguf_gemm_args probe = *a;
-    probe.w = nullptr;          // 16-aligned stand-ins: the answer must not depend on them
-    probe.ldw = (a->ldw + 15) & ~(int64_t)15;
-    probe.workspace = nullptr;
-    if (!gpu_gguf_mma_usable(ctx, &probe, &why)) return simt;
-    const size_t mma = gpu_gguf_mma_workspace(ctx, a);
-    return mma > simt ? mma : simt;
+    if (!gpu_context_only(ctx, why)) return false;
+    // 32-bit row and block indices
+    if (a.n > INT32_MAX || a.k > INT32_MAX) {
+        *why = "the gguf GPU tiers index rows and blocks with 32-bit ints (n, k <= 2^31 - 1)";
+        return false;
+    }
+    return true;
 }
 
-qg_status gpu_gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_stream stream)
+size_t float_workspace(const qg_context* ctx, const qg_gguf_gemm_args& a) { return simt_workspace(ctx, &a); }
+
+qg_status float_launch(const qg_context* ctx, const qg_gguf_gemm_args& a_, qg_stream stream)
 {
-    if (a->m <= 0) return QG_OK;
-    if (ctx->gguf_tier == 3) {
-        return set_error(QG_ERR_UNSUPPORTED,
-                         "gguf_tier=3 (prefill) is not built yet; the decode tiers (1 float, 2 int8 mma) serve every m");
-    }
-    const char* why = "";
-    const bool mma = use_mma(ctx, a, &why);
-    if (ctx->gguf_tier == 2 && !mma) return set_error(QG_ERR_UNSUPPORTED, "gguf_tier=2: %s", why);
-    // what only this tier needs: element-aligned x and y, 2-byte aligned rows of w,
-    // 32-bit row and block indices
-    if (!is_aligned(a->x, dtype_bytes(a->x_dtype))) {
-        return set_error(QG_ERR_INVALID_ARGUMENT, "x is not aligned to its %d-byte element", dtype_bytes(a->x_dtype));
-    }
-    if (!is_aligned(a->y, dtype_bytes(a->y_dtype))) {
-        return set_error(QG_ERR_INVALID_ARGUMENT, "y is not aligned to its %d-byte element", dtype_bytes(a->y_dtype));
-    }
-    if ((((uintptr_t)a->w) | (uint64_t)a->ldw) & 1) {
-        return set_error(QG_ERR_INVALID_ARGUMENT,
-                         "w and ldw=%lld must be even for the gguf GPU tier (every row starts 2-byte aligned, as "
-                         "the fp16 scales of every block are)",
-                         (long long)a->ldw);
-    }
-    if (a->n > INT32_MAX || a->k > INT32_MAX) {
-        return set_error(QG_ERR_INVALID_ARGUMENT, "n=%lld or k=%lld exceeds the gguf GPU tier's limit of %d",
-                         (long long)a->n, (long long)a->k, INT32_MAX);
-    }
-    // The workspace, before any launch (an error must leave y untouched): at least what
-    // the size query returns for these arguments, 4-byte aligned, zero-filled before its
-    // first use (every call leaves its split-K counters at zero again).
-    const size_t need = gpu_gguf_gemm_workspace(ctx, a);
-    if (need > 0) {
-        if (a->workspace == nullptr || a->workspace_bytes < need) {
-            return set_error(QG_ERR_INVALID_ARGUMENT,
-                             "workspace_bytes=%zu is smaller than the %zu bytes qg_gguf_gemm_workspace_size returns "
-                             "for m=%lld n=%lld k=%lld on this context",
-                             a->workspace == nullptr ? (size_t)0 : a->workspace_bytes, need, (long long)a->m,
-                             (long long)a->n, (long long)a->k);
-        }
-        if (((uintptr_t)a->workspace & 3) != 0) {
-            return set_error(QG_ERR_INVALID_ARGUMENT, "workspace is not 4-byte aligned (gguf split-K counters)");
-        }
-    }
-    if (mma) return gpu_gguf_mma_gemm(ctx, a, stream);
+    const qg_gguf_gemm_args* a = &a_;
     const Chunks c = chunks_of(a->m);
     const int launches = (int)(c.full + (c.tail > 0 ? 1 : 0));
     LaunchOp op = {ctx, a, 0, (hipStream_t)stream, launches};
@@ -444,5 +391,10 @@ qg_status gpu_gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_st
     }
     return QG_OK;
 }
+
+}  // namespace
+
+const Tier<qg_gguf_gemm_args> gpu_gguf_float_tier = {QG_GPU_RUNTIME_NAME ":float", 1, float_usable, float_workspace,
+                                                     float_launch};
 
 }  // namespace qg

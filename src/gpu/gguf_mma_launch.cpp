@@ -1,8 +1,6 @@
 // Launcher of the GGUF GEMM decode tier on the integer tensor cores (device code:
-// hip/gguf_mma.hip): gguf_tier 2, "decode_mma".
-//
-// Implements qg::gpu_gguf_mma_usable, qg::gpu_gguf_mma_workspace and qg::gpu_gguf_mma_gemm
-// (src/tiers.h); src/gpu/gguf_launch.cpp decides between this tier and the float one.
+// hip/gguf_mma.hip): gguf_tier 2, the GGUF table's entry gpu_gguf_int8_tier
+// (src/tier_table.h; the choice between it and the float tier: src/gguf_tiers.cpp).
 // Each chunk of up to 8 rows of x is two launches on the caller's stream: the x prep
 // (int8 quantization per 32 elements into the workspace), then the GEMM.
 #include <stddef.h>
@@ -13,6 +11,7 @@
 #if !defined(QG_HAVE_GPU)
 #define QG_HAVE_GPU 1
 #endif
+#include "tier_table.h"
 #include "tiers.h"
 #include "gguf_mma.hip"
 #include "launch_util.h"
@@ -192,53 +191,56 @@ qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t 
     return QG_OK;
 }
 
-}  // namespace
-
-bool gpu_gguf_mma_usable(const qg_context* ctx, const qg_gguf_gemm_args* a, const char** why)
+bool int8_usable(const qg_context* ctx, const qg_gguf_gemm_args& a, const char** why)
 {
+    if (!gpu_context_only(ctx, why)) return false;
 #if defined(QG_GPU_CUDA)
     if (ctx->cc_major < 8) {
         *why = "the int8 mma.sync tier needs an sm_80 or newer GPU";
         return false;
     }
-    if ((((uintptr_t)a->w) | (uint64_t)a->ldw) & 15) {
+    if (a.n > INT32_MAX || a.k > INT32_MAX) {
+        *why = "the gguf GPU tiers index rows and blocks with 32-bit ints (n, k <= 2^31 - 1)";
+        return false;
+    }
+    if ((((uintptr_t)a.w) | (uint64_t)a.ldw) & 15) {
         *why = "the int8 mma tier reads rows with 16-byte copies: w and ldw must be multiples of 16 "
                "(GGUFWeight.to_device pads rows so)";
         return false;
     }
-    if (a->workspace != nullptr && ((uintptr_t)a->workspace & 15)) {
-        *why = "the int8 mma tier needs a 16-byte aligned workspace";
-        return false;
-    }
-    *why = "";
     return true;
 #else
-    (void)ctx, (void)a;
+    (void)a;
     *why = "the int8 mma tier exists for NVIDIA GPUs only (mma.sync)";
     return false;
 #endif
 }
 
-size_t gpu_gguf_mma_workspace(const qg_context* ctx, const qg_gguf_gemm_args* a)
+size_t int8_workspace(const qg_context* ctx, const qg_gguf_gemm_args& a)
 {
-    switch (a->format) {
+    switch (a.format) {
 #define QG_WS_CASE(NAME, BLOCK, BE) \
-    case QG_FORMAT_##NAME: return workspace_of<QG_FORMAT_##NAME>(ctx, a);
+    case QG_FORMAT_##NAME: return workspace_of<QG_FORMAT_##NAME>(ctx, &a);
         QG_GGUF_FORMATS(QG_WS_CASE)
 #undef QG_WS_CASE
     default: return 0;
     }
 }
 
-qg_status gpu_gguf_mma_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, qg_stream stream)
+qg_status int8_launch(const qg_context* ctx, const qg_gguf_gemm_args& a, qg_stream stream)
 {
-    switch (a->format) {
+    switch (a.format) {
 #define QG_LAUNCH_CASE(NAME, BLOCK, BE) \
-    case QG_FORMAT_##NAME: return launch<QG_FORMAT_##NAME>(ctx, a, (hipStream_t)stream);
+    case QG_FORMAT_##NAME: return launch<QG_FORMAT_##NAME>(ctx, &a, (hipStream_t)stream);
         QG_GGUF_FORMATS(QG_LAUNCH_CASE)
 #undef QG_LAUNCH_CASE
-    default: return set_error(QG_ERR_INVALID_ARGUMENT, "format=%d is not a GGUF format", (int)a->format);
+    default: return set_error(QG_ERR_INVALID_ARGUMENT, "format=%d is not a GGUF format", (int)a.format);
     }
 }
+
+}  // namespace
+
+const Tier<qg_gguf_gemm_args> gpu_gguf_int8_tier = {QG_GPU_RUNTIME_NAME ":int8_mma", 2, int8_usable, int8_workspace,
+                                                    int8_launch};
 
 }  // namespace qg

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include <atomic>
+#include <mutex>
 
 #include "compat.h"
 #include "formats/blocks.h"
@@ -62,6 +63,13 @@ inline qg_status raise_smem_limit(const qg_context* ctx, const void* kernel, int
     if (bit) done.fetch_or(bit, std::memory_order_acq_rel);
     return QG_OK;
 }
+
+// Per-kernel facts asked of the runtime once: the dynamic shared-memory limit raised to
+// `smem` on this device, and the resident blocks per SM at `threads` x `smem` (0 when the
+// kernel cannot be resident or the runtime refused). Defined in src/gpu/runtime.cpp.
+int resident_blocks(const qg_context* ctx, const void* kernel, int threads, int smem);
+// Raises `kernel`'s dynamic shared-memory limit to `smem` once per device and kernel.
+qg_status prepare_kernel(const qg_context* ctx, const void* kernel, int smem, const char* what);
 
 }  // namespace launch_util
 }  // namespace qg

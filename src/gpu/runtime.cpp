@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <mutex>
+
 #include "compat.h"
+#include "launch_util.h"
 #include "tiers.h"
 
 namespace qg {
@@ -185,4 +188,63 @@ int gpu_smem_per_sm(const qg_context* ctx) {
 #endif
 }
 
+}  // namespace qg
+
+namespace qg {
+namespace launch_util {
+namespace {
+
+// One entry per (kernel, device): whether its shared-memory limit was raised to `smem`,
+// and its occupancy at `threads` x `smem`. A handful of kernels per process: a list.
+struct KernelFacts {
+    const void* kernel;
+    int device, threads, smem;
+    bool raised;
+    int blocks;  // -1: not asked yet
+};
+std::mutex g_facts_mutex;
+KernelFacts g_facts[512];
+int g_facts_count = 0;
+
+KernelFacts* facts_of(const void* kernel, int device, int threads, int smem) {
+    for (int i = 0; i < g_facts_count; ++i) {
+        KernelFacts& f = g_facts[i];
+        if (f.kernel == kernel && f.device == device && f.threads == threads && f.smem == smem) return &f;
+    }
+    if (g_facts_count == static_cast<int>(sizeof(g_facts) / sizeof(g_facts[0]))) return nullptr;
+    g_facts[g_facts_count] = {kernel, device, threads, smem, false, -1};
+    return &g_facts[g_facts_count++];
+}
+
+}  // namespace
+
+qg_status prepare_kernel(const qg_context* ctx, const void* kernel, int smem, const char* what) {
+    std::lock_guard<std::mutex> lock(g_facts_mutex);
+    KernelFacts* f = facts_of(kernel, ctx->device, 0, smem);
+    if (f != nullptr && f->raised) return QG_OK;
+    const hipError_t e = hipFuncSetAttribute(kernel, hipFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != hipSuccess) {
+        (void)hipGetLastError();
+        return set_error(QG_ERR_DEVICE, "%s: setting %d bytes of dynamic shared memory failed: %s", what, smem,
+                         hipGetErrorString(e));
+    }
+    if (f != nullptr) f->raised = true;
+    return QG_OK;
+}
+
+int resident_blocks(const qg_context* ctx, const void* kernel, int threads, int smem) {
+    if (kernel == nullptr || prepare_kernel(ctx, kernel, smem, "occupancy query") != QG_OK) return 0;
+    std::lock_guard<std::mutex> lock(g_facts_mutex);
+    KernelFacts* f = facts_of(kernel, ctx->device, threads, smem);
+    if (f != nullptr && f->blocks >= 0) return f->blocks;
+    int blocks = 0;
+    if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != hipSuccess) {
+        (void)hipGetLastError();
+        blocks = 0;
+    }
+    if (f != nullptr) f->blocks = blocks;
+    return blocks;
+}
+
+}  // namespace launch_util
 }  // namespace qg

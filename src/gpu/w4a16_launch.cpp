@@ -1,228 +1,338 @@
-// W4A16 GPU launcher: picks the tier and the split, launches hip/w4a16.hip kernels.
-// Compiled as CUDA (nvcc) or HIP; arguments were validated by src/api.cpp already.
-#include <algorithm>
+// W4A16 GPU tiers: their table entries (src/tier_table.h), plans and launches of the
+// kernels in hip/w4a16_*.hip. Arguments were validated by src/api.cpp already; each tier's
+// usable() states only what that tier itself needs.
 #include <stdint.h>
 
-#include "tiers.h"
-#include "w4a16.hip"
+#include <algorithm>
+
+#include "formats/w4a16_frag.h"
+#include "launch_util.h"
+#include "tier_table.h"
+#include "w4a16_kernels.h"
 
 namespace qg {
 namespace {
 
-using w4a16::Params;
+using namespace w4a16;
+using launch_util::ceil_div;
 
-int elem_type(qg_dtype d) {
-    return d == QG_DTYPE_BF16 ? w4a16::ELEM_BF16 : d == QG_DTYPE_F32 ? w4a16::ELEM_F32 : w4a16::ELEM_F16;
-}
-size_t elem_bytes(qg_dtype d) { return d == QG_DTYPE_F32 ? 4 : 2; }
+typedef qg_w4a16_gemm_args Args;
 
-constexpr int kMaxDecodeM = 16;   // rows of x per decode launch: two n8 mma tiles
-constexpr size_t kCounterBytes = 256;
+int elem_type(qg_dtype d) { return d == QG_DTYPE_BF16 ? ELEM_BF16 : d == QG_DTYPE_F32 ? ELEM_F32 : ELEM_F16; }
 
-enum Tier { TIER_SIMT = 1, TIER_MMA = 2 };
-
-struct Plan {
-    int tier = TIER_SIMT;
-    int mt = 1;              // 8-row x tiles per launch (decode_mma)
-    bool trans = false;      // quad transpose, G < 128 (decode_mma)
-    int row_blocks = 0;      // ceil(N / 64)
-    int blocks = 0;          // persistent blocks P (decode_mma, stream-K)
-    int max_contributors = 1;
-};
-
-bool mma_available(const qg_context* ctx) {
-#if defined(QG_GPU_CUDA)
-    return ctx->cc_major >= 8;  // mma.sync m16n8k16 f16/bf16: sm_80+
-#else
-    (void)ctx;
-    return false;
-#endif
-}
+constexpr int kDecodeRows = 16;   // rows of x per decode launch: two n8 mma tiles
+constexpr size_t kCounterAlign = 256;
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+bool is_frag(const Args& a) { return a.layout == QG_W4A16_LAYOUT_FRAG; }
 
-// mma tier copies x and qweight 16 bytes and scales 4 bytes (two groups) at a time
-bool mma_layout_ok(const qg_w4a16_gemm_args* a) {
-    return aligned16(a->x) && a->ldx % 8 == 0 && aligned16(a->qweight) &&
-           (reinterpret_cast<uintptr_t>(a->scales) & 3u) == 0 && (a->k / a->group_size) % 2 == 0;
+bool mma_sync_device(const qg_context* ctx, const char** why) {
+#if defined(QG_GPU_CUDA)
+    if (ctx->cc_major >= 8) return true;
+    *why = "needs mma.sync (NVIDIA compute capability 8.0+)";
+#else
+    (void)ctx;
+    *why = "needs NVIDIA mma.sync (no AMD matrix tier yet)";
+#endif
+    return false;
 }
 
-typedef void (*MmaKernel)(const Params);
-
-// Every decode_mma instantiation: x type x tile width x group size, listed once.
-#define QG_W4A16_MMA_KERNELS(X)                                          \
-    X(w4a16::ELEM_F16, 1, 32) X(w4a16::ELEM_F16, 1, 64) X(w4a16::ELEM_F16, 1, 128)    \
-    X(w4a16::ELEM_F16, 2, 32) X(w4a16::ELEM_F16, 2, 64) X(w4a16::ELEM_F16, 2, 128)    \
-    X(w4a16::ELEM_BF16, 1, 32) X(w4a16::ELEM_BF16, 1, 64) X(w4a16::ELEM_BF16, 1, 128) \
-    X(w4a16::ELEM_BF16, 2, 32) X(w4a16::ELEM_BF16, 2, 64) X(w4a16::ELEM_BF16, 2, 128)
-
-MmaKernel mma_kernel(int x_type, int mt, int group_size) {
-#define QG_W4A16_CASE(XT, MT, G) \
-    if (x_type == XT && mt == MT && group_size == G) return w4a16::decode_mma<XT, MT, G>;
-    QG_W4A16_MMA_KERNELS(QG_W4A16_CASE)
-#undef QG_W4A16_CASE
-    return nullptr;
+// The kernels index rows and k with 32-bit ints (row offsets in 64 bits).
+bool fits_int32(const Args& a, const char** why) {
+    if (a.n < (int64_t(1) << 31) && a.k < (int64_t(1) << 31)) return true;
+    *why = "the GPU W4A16 tiers need n and k below 2^31";
+    return false;
 }
 
-int mt_of(MmaKernel kernel) {
-#define QG_W4A16_MT(XT, MT, G) \
-    if (kernel == w4a16::decode_mma<XT, MT, G>) return MT;
-    QG_W4A16_MMA_KERNELS(QG_W4A16_MT)
-#undef QG_W4A16_MT
-    return 1;
-}
-
-// Resident blocks per SM of a kernel, asked once per kernel (the answer never changes);
-// also lifts the kernel's dynamic shared-memory limit to its ring size (> 48 KB).
-int resident_blocks(MmaKernel kernel) {
-    static int cache[16] = {0};
-    static MmaKernel keys[16] = {nullptr};
-    for (int i = 0; i < 16; ++i) {
-        if (keys[i] == kernel) return cache[i];
-        if (keys[i] == nullptr) {
-            const int smem = w4a16::mma_smem_bytes(mt_of(kernel));
-            int blocks = 0;
-            if (hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                    hipFuncAttributeMaxDynamicSharedMemorySize, smem) != hipSuccess ||
-                hipOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, w4a16::MMA_THREADS, smem) !=
-                    hipSuccess) {
-                (void)hipGetLastError();
-                blocks = 0;
-            }
-            cache[i] = blocks;
-            keys[i] = kernel;
-            return blocks;
-        }
+// Launches `kernel` (a lookup function's answer) with one parameter struct.
+template <class P>
+qg_status launch(const void* kernel, dim3 grid, int threads, int smem, hipStream_t stream, const P& params,
+                 const char* what) {
+    if (kernel == nullptr) return set_error(QG_ERR_INTERNAL, "%s: no kernel for this configuration", what);
+    void* args[] = {const_cast<P*>(&params)};
+    const hipError_t e = hipLaunchKernel(kernel, grid, dim3(threads), args, smem, stream);
+    if (e != hipSuccess) {
+        (void)hipGetLastError();
+        return set_error(QG_ERR_DEVICE, "launch of %s failed: %s", what, hipGetErrorString(e));
     }
-    return 0;
+    return gpu_check_launch(what);
 }
 
-int owner_of(int64_t u, int64_t units, int64_t blocks) {
-    return static_cast<int>(((u + 1) * blocks - 1) / units);
-}
+// Stream-K: the block whose contiguous range of `units` holds unit u (P blocks).
+int owner_of(int64_t u, int64_t units, int64_t blocks) { return static_cast<int>(((u + 1) * blocks - 1) / units); }
 
-qg_status make_plan(const qg_context* ctx, const qg_w4a16_gemm_args* a, Plan* plan) {
-    const int64_t forced = ctx->w4a16_tier;
-    if (forced == 3)
-        return set_error(QG_ERR_UNSUPPORTED, "w4a16_tier=3 (prefill) is not built yet; use 0, 1 or 2");
-    if (forced == 2 && !mma_available(ctx))
-        return set_error(QG_ERR_UNSUPPORTED,
-                         "w4a16_tier=2 needs mma.sync (NVIDIA compute capability 8.0+); this device is %d.%d",
-                         ctx->cc_major, ctx->cc_minor);
-    if (forced == 2 && !mma_layout_ok(a))
-        return set_error(QG_ERR_UNSUPPORTED,
-                         "w4a16_tier=2 needs x and qweight 16-byte aligned, ldx=%lld a multiple of 8, scales "
-                         "4-byte aligned and an even number of groups per row (k/group_size=%lld)",
-                         static_cast<long long>(a->ldx), static_cast<long long>(a->k / a->group_size));
-    const bool use_mma = forced == 2 || (forced == 0 && mma_available(ctx) && mma_layout_ok(a));
-    plan->tier = use_mma ? TIER_MMA : TIER_SIMT;
-    if (!use_mma) return QG_OK;
-
-    plan->mt = std::min<int64_t>(a->m, kMaxDecodeM) > 8 ? 2 : 1;
-    plan->trans = a->group_size < 128;  // one mma must not mix groups (see w4a16.hip)
-    plan->row_blocks = static_cast<int>((a->n + w4a16::ROWS_PER_BLOCK - 1) / w4a16::ROWS_PER_BLOCK);
-    const int64_t S = (a->k + w4a16::SC_K - 1) / w4a16::SC_K;
-    const int64_t units = plan->row_blocks * S;
-    // Stream-K: exactly as many blocks as can be resident, each with the same number of
-    // (64 rows x 512 k) units, so no wave is left half empty; "split_k" forces about that
-    // many blocks per row block instead (tests use it to reach every reduction path).
-    const int x_type = a->x_dtype == QG_DTYPE_BF16 ? w4a16::ELEM_BF16 : w4a16::ELEM_F16;
-    // both tile widths may run (the last 16-row chunk of a large M can be narrower)
-    const int resident = std::min(resident_blocks(mma_kernel(x_type, plan->mt, a->group_size)),
-                                  resident_blocks(mma_kernel(x_type, 1, a->group_size)));
-    if (resident == 0)
-        return set_error(QG_ERR_DEVICE, "decode_mma cannot be made resident (%d bytes of shared memory)",
-                         w4a16::mma_smem_bytes(plan->mt));
-    int64_t blocks = static_cast<int64_t>(std::max(ctx->sm_count, 1)) * resident;
-    if (ctx->split_k > 0) blocks = plan->row_blocks * ctx->split_k;
-    blocks = std::max<int64_t>(1, std::min(blocks, units));
-    plan->blocks = static_cast<int>(blocks);
+// Most blocks sharing one group of `per_group` consecutive units.
+int most_contributors(int64_t groups, int64_t per_group, int64_t blocks) {
+    const int64_t units = groups * per_group;
     int most = 1;
-    for (int64_t r = 0; r < plan->row_blocks; ++r)
-        most = std::max(most, owner_of(r * S + S - 1, units, blocks) - owner_of(r * S, units, blocks) + 1);
-    plan->max_contributors = most;
+    for (int64_t r = 0; r < groups; ++r)
+        most = std::max(most, owner_of(r * per_group + per_group - 1, units, blocks) -
+                                  owner_of(r * per_group, units, blocks) + 1);
+    return most;
+}
+
+size_t counters_bytes(int64_t groups) {
+    return (static_cast<size_t>(groups) * sizeof(unsigned) + kCounterAlign - 1) / kCounterAlign * kCounterAlign;
+}
+
+// ================================================================ simt (portable, both layouts)
+
+bool simt_usable(const qg_context* ctx, const Args& a, const char** why) {
+    return gpu_context_only(ctx, why) && fits_int32(a, why);
+}
+
+qg_status simt_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
+    SimtParams p{};
+    p.qweight = a.qweight;
+    p.scales = static_cast<const uint16_t*>(a.scales);
+    p.qzeros = a.qzeros;
+    p.n = static_cast<int>(a.n);
+    p.k = static_cast<int>(a.k);
+    p.ldx = a.ldx;
+    p.ldy = a.ldy;
+    p.group_size = a.group_size;
+    p.x_type = elem_type(a.x_dtype);
+    p.scale_type = elem_type(a.scale_dtype);
+    p.y_type = elem_type(a.y_dtype);
+    p.frag = is_frag(a) ? 1 : 0;
+    const int warps = SIMT_THREADS / QG_WARP_SIZE;
+    const unsigned blocks = static_cast<unsigned>(ceil_div(a.n, warps));
+    for (int64_t m0 = 0; m0 < a.m; m0 += SIMT_MAX_M) {
+        p.m = static_cast<int>(std::min<int64_t>(SIMT_MAX_M, a.m - m0));
+        p.x = static_cast<const uint16_t*>(a.x) + m0 * a.ldx;
+        p.y = static_cast<char*>(a.y) + m0 * a.ldy * launch_util::dtype_bytes(a.y_dtype);
+        decode_simt<<<blocks, SIMT_THREADS, 0, static_cast<hipStream_t>(stream)>>>(p);
+        const qg_status st = gpu_check_launch("w4a16 decode_simt");
+        if (st != QG_OK) return st;
+    }
     return QG_OK;
 }
 
-size_t counter_bytes(const Plan& plan) {
-    return (static_cast<size_t>(plan.row_blocks) * sizeof(unsigned) + kCounterBytes - 1) / kCounterBytes *
-           kCounterBytes;
+// ================================================================ decode_mma (canonical, v5)
+
+int mma_resident(const qg_context* ctx, int x_type, int mt, int group_size) {
+    return launch_util::resident_blocks(ctx, decode_mma_kernel(x_type, mt, group_size), MMA_THREADS,
+                                        mma_smem_bytes(mt));
 }
 
-size_t workspace_for(const Plan& plan) {
-    if (plan.tier != TIER_MMA || plan.max_contributors == 1) return 0;
-    return counter_bytes(plan) + static_cast<size_t>(plan.row_blocks) * plan.max_contributors * kMaxDecodeM *
-                                     w4a16::ROWS_PER_BLOCK * sizeof(float);
+// The mma tier copies x and qweight 16 bytes and scales 4 bytes (two groups) at a time.
+bool decode_mma_usable(const qg_context* ctx, const Args& a, const char** why) {
+    if (!gpu_context_only(ctx, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why)) return false;
+    if (is_frag(a)) {
+        *why = "reads the canonical layout (decode_frag serves the frag layout)";
+        return false;
+    }
+    if (!(aligned16(a.x) && a.ldx % 8 == 0 && aligned16(a.qweight) &&
+          (reinterpret_cast<uintptr_t>(a.scales) & 3u) == 0 && (a.k / a.group_size) % 2 == 0)) {
+        *why = "needs x and qweight 16-byte aligned, ldx a multiple of 8, scales 4-byte aligned and an even "
+               "number of groups per row";
+        return false;
+    }
+    return true;
+}
+
+struct MmaPlan {
+    int mt = 1, row_blocks = 0, blocks = 0, max_contributors = 1;
+};
+
+bool mma_plan(const qg_context* ctx, const Args& a, MmaPlan* plan) {
+    plan->mt = std::min<int64_t>(a.m, kDecodeRows) > 8 ? 2 : 1;
+    plan->row_blocks = static_cast<int>(ceil_div(a.n, ROWS_PER_BLOCK));
+    const int64_t S = ceil_div(a.k, SC_K);
+    const int64_t units = plan->row_blocks * S;
+    const int x_type = elem_type(a.x_dtype);
+    // both tile widths may run (the last 16-row chunk of a large M can be narrower)
+    const int resident = std::min(mma_resident(ctx, x_type, plan->mt, a.group_size),
+                                  mma_resident(ctx, x_type, 1, a.group_size));
+    if (resident == 0) return false;
+    int64_t blocks = static_cast<int64_t>(std::max(ctx->sm_count, 1)) * resident;
+    if (ctx->split_k > 0) blocks = plan->row_blocks * ctx->split_k;  // tests reach every reduction path
+    blocks = std::max<int64_t>(1, std::min(blocks, units));
+    plan->blocks = static_cast<int>(blocks);
+    plan->max_contributors = most_contributors(plan->row_blocks, S, blocks);
+    return true;
+}
+
+size_t decode_mma_workspace(const qg_context* ctx, const Args& a) {
+    MmaPlan plan;
+    if (!mma_plan(ctx, a, &plan) || plan.max_contributors == 1) return 0;
+    return counters_bytes(plan.row_blocks) + static_cast<size_t>(plan.row_blocks) * plan.max_contributors *
+                                                 kDecodeRows * ROWS_PER_BLOCK * sizeof(float);
+}
+
+qg_status decode_mma_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
+    MmaPlan plan;
+    if (!mma_plan(ctx, a, &plan))
+        return set_error(QG_ERR_DEVICE, "w4a16 decode_mma cannot be made resident (%d bytes of shared memory)",
+                         mma_smem_bytes(plan.mt));
+    if (log_enabled())
+        log_once("w4a16 decode_mma m=%lld n=%lld k=%lld g=%d: mt=%d blocks=%d max_contributors=%d%s",
+                 static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k), a.group_size,
+                 plan.mt, plan.blocks, plan.max_contributors, a.m > kDecodeRows ? " (one launch per 16 rows)" : "");
+    Params p{};
+    p.qweight = a.qweight;
+    p.scales = static_cast<const uint16_t*>(a.scales);
+    p.qzeros = a.qzeros;
+    p.n = static_cast<int>(a.n);
+    p.k = static_cast<int>(a.k);
+    p.ldx = a.ldx;
+    p.ldy = a.ldy;
+    p.group_size = a.group_size;
+    p.scale_type = elem_type(a.scale_dtype);
+    p.y_type = elem_type(a.y_dtype);
+    p.row_blocks = plan.row_blocks;
+    p.max_contributors = plan.max_contributors;
+    if (plan.max_contributors > 1) {
+        p.counters = static_cast<unsigned*>(a.workspace);
+        p.partial = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + counters_bytes(plan.row_blocks));
+    }
+    const int x_type = elem_type(a.x_dtype);
+    for (int64_t m0 = 0; m0 < a.m; m0 += kDecodeRows) {
+        p.m = static_cast<int>(std::min<int64_t>(kDecodeRows, a.m - m0));
+        p.x = static_cast<const uint16_t*>(a.x) + m0 * a.ldx;
+        p.y = static_cast<char*>(a.y) + m0 * a.ldy * launch_util::dtype_bytes(a.y_dtype);
+        const int mt = std::min(p.m > 8 ? 2 : 1, plan.mt);  // the last chunk may need one tile
+        const qg_status st = launch(decode_mma_kernel(x_type, mt, a.group_size), dim3(plan.blocks), MMA_THREADS,
+                                    mma_smem_bytes(mt), static_cast<hipStream_t>(stream), p, "w4a16 decode_mma");
+        if (st != QG_OK) return st;
+    }
+    return QG_OK;
+}
+
+// ================================================================ decode_frag (frag layout)
+
+int frag_smem(int mt, int group_size) {
+    if (mt == 1) return group_size == 32 ? FragStage<1, 32>::SMEM : group_size == 64 ? FragStage<1, 64>::SMEM
+                                                                                      : FragStage<1, 128>::SMEM;
+    return group_size == 32 ? FragStage<2, 32>::SMEM : group_size == 64 ? FragStage<2, 64>::SMEM
+                                                                         : FragStage<2, 128>::SMEM;
+}
+
+int frag_resident(const qg_context* ctx, int x_type, int mt, int group_size, bool asym) {
+    return launch_util::resident_blocks(ctx, decode_frag_kernel(x_type, mt, group_size, asym), FRAG_THREADS,
+                                        frag_smem(mt, group_size));
+}
+
+bool decode_frag_usable(const qg_context* ctx, const Args& a, const char** why) {
+    if (!gpu_context_only(ctx, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why)) return false;
+    if (!is_frag(a)) {
+        *why = "reads the frag layout (qg_w4a16_repack); decode_mma serves the canonical one";
+        return false;
+    }
+    if (!aligned16(a.x) || a.ldx % 8 != 0) {
+        *why = "copies x 16 bytes at a time: x must be 16-byte aligned and ldx a multiple of 8";
+        return false;
+    }
+    return true;
+}
+
+struct FragPlan {
+    int mt = 1, k_chunks = 0, row_blocks = 0, row_tiles = 0, blocks = 0, max_contributors = 1;
+};
+
+bool frag_plan(const qg_context* ctx, const Args& a, FragPlan* plan) {
+    const frag::Geometry geo(a.n, a.k, a.group_size);
+    plan->mt = std::min<int64_t>(a.m, kDecodeRows) > 8 ? 2 : 1;
+    plan->k_chunks = static_cast<int>(geo.k_chunks);
+    plan->row_blocks = static_cast<int>(geo.row_blocks);
+    plan->row_tiles = static_cast<int>(ceil_div(geo.row_blocks, FRAG_TILE_RB));
+    const int64_t units = static_cast<int64_t>(plan->row_tiles) * plan->k_chunks;
+    const int x_type = elem_type(a.x_dtype);
+    const bool asym = a.qzeros != nullptr;
+    const int resident = std::min(frag_resident(ctx, x_type, plan->mt, a.group_size, asym),
+                                  frag_resident(ctx, x_type, 1, a.group_size, asym));
+    if (resident == 0) return false;
+    int64_t blocks = static_cast<int64_t>(std::max(ctx->sm_count, 1)) * resident;
+    if (ctx->split_k > 0) blocks = static_cast<int64_t>(plan->row_tiles) * ctx->split_k;
+    blocks = std::max<int64_t>(1, std::min(blocks, units));
+    plan->blocks = static_cast<int>(blocks);
+    plan->max_contributors = most_contributors(plan->row_tiles, plan->k_chunks, blocks);
+    return true;
+}
+
+size_t frag_partial_bytes(const FragPlan& plan) {
+    return static_cast<size_t>(plan.row_tiles) * plan.max_contributors * 16 * FRAG_TILE_ROWS * sizeof(float);
+}
+
+size_t decode_frag_workspace(const qg_context* ctx, const Args& a) {
+    FragPlan plan;
+    if (!frag_plan(ctx, a, &plan) || plan.max_contributors == 1) return 0;
+    return counters_bytes(plan.row_tiles) + frag_partial_bytes(plan);
+}
+
+qg_status decode_frag_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
+    FragPlan plan;
+    if (!frag_plan(ctx, a, &plan))
+        return set_error(QG_ERR_DEVICE, "w4a16 decode_frag cannot be made resident (%d bytes of shared memory)",
+                         frag_smem(plan.mt, a.group_size));
+    if (log_enabled())
+        log_once("w4a16 decode_frag m=%lld n=%lld k=%lld g=%d %s: mt=%d row_tiles=%d chunks=%d blocks=%d "
+                 "max_contributors=%d smem=%d%s",
+                 static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k), a.group_size,
+                 a.qzeros ? "asym" : "sym", plan.mt, plan.row_tiles, plan.k_chunks, plan.blocks,
+                 plan.max_contributors, frag_smem(plan.mt, a.group_size),
+                 a.m > kDecodeRows ? " (one launch per 16 rows)" : "");
+    FragParams p{};
+    p.qweight = reinterpret_cast<const uint32_t*>(a.qweight);
+    p.scales = static_cast<const uint32_t*>(a.scales);
+    p.qzeros = reinterpret_cast<const uint8_t*>(a.qzeros);
+    p.n = static_cast<int>(a.n);
+    p.k = static_cast<int>(a.k);
+    p.ldx = a.ldx;
+    p.ldy = a.ldy;
+    p.k_chunks = plan.k_chunks;
+    p.row_blocks = plan.row_blocks;
+    p.row_tiles = plan.row_tiles;
+    p.scale_type = elem_type(a.scale_dtype);
+    p.y_type = elem_type(a.y_dtype);
+    p.max_contributors = plan.max_contributors;
+    if (plan.max_contributors > 1) {
+        p.counters = static_cast<unsigned*>(a.workspace);
+        p.partial = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + counters_bytes(plan.row_tiles));
+    }
+    const int x_type = elem_type(a.x_dtype);
+    for (int64_t m0 = 0; m0 < a.m; m0 += kDecodeRows) {
+        p.m = static_cast<int>(std::min<int64_t>(kDecodeRows, a.m - m0));
+        p.x = static_cast<const uint16_t*>(a.x) + m0 * a.ldx;
+        p.y = static_cast<char*>(a.y) + m0 * a.ldy * launch_util::dtype_bytes(a.y_dtype);
+        const int mt = std::min(p.m > 8 ? 2 : 1, plan.mt);
+        const qg_status st =
+            launch(decode_frag_kernel(x_type, mt, a.group_size, a.qzeros != nullptr), dim3(plan.blocks), FRAG_THREADS,
+                   frag_smem(mt, a.group_size), static_cast<hipStream_t>(stream), p, "w4a16 decode_frag");
+        if (st != QG_OK) return st;
+    }
+    return QG_OK;
 }
 
 }  // namespace
 
-size_t gpu_w4a16_gemm_workspace(const qg_context* ctx, const qg_w4a16_gemm_args* a) {
-    Plan plan;
-    if (make_plan(ctx, a, &plan) != QG_OK) return 0;
-    return workspace_for(plan);
-}
+const Tier<Args> gpu_w4a16_simt_tier = {QG_GPU_RUNTIME_NAME ":simt", 1, simt_usable, nullptr, simt_launch};
+const Tier<Args> gpu_w4a16_decode_mma_tier = {QG_GPU_RUNTIME_NAME ":decode_mma", 2, decode_mma_usable,
+                                              decode_mma_workspace, decode_mma_launch};
+const Tier<Args> gpu_w4a16_decode_frag_tier = {QG_GPU_RUNTIME_NAME ":decode_frag", 2, decode_frag_usable,
+                                               decode_frag_workspace, decode_frag_launch};
 
-qg_status gpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a, qg_stream stream) {
-    // kernels index rows and k with 32-bit ints (row offsets in 64 bits)
-    if (a->n >= (int64_t(1) << 31) || a->k >= (int64_t(1) << 31))
-        return set_error(QG_ERR_UNSUPPORTED, "n=%lld, k=%lld: the GPU W4A16 tiers need n and k below 2^31",
-                         static_cast<long long>(a->n), static_cast<long long>(a->k));
-    Plan plan;
-    qg_status st = make_plan(ctx, a, &plan);
+// ================================================================ repack on the device
+
+qg_status gpu_w4a16_repack(const qg_context*, const qg_w4a16_repack_args& a, qg_stream stream) {
+    const frag::Geometry geo(a.n, a.k, a.group_size);
+    RepackParams p{};
+    p.qweight = reinterpret_cast<const uint32_t*>(a.qweight);
+    p.scales = static_cast<const uint16_t*>(a.scales);
+    p.qzeros = reinterpret_cast<const uint32_t*>(a.qzeros);
+    p.out_qweight = static_cast<uint32_t*>(a.out_qweight);
+    p.out_scales = static_cast<uint16_t*>(a.out_scales);
+    p.out_qzeros = static_cast<uint8_t*>(a.out_qzeros);
+    p.n = a.n;
+    p.k = a.k;
+    p.group_size = a.group_size;
+    const hipStream_t s = static_cast<hipStream_t>(stream);
+    repack_frag_weights<<<static_cast<unsigned>(ceil_div(geo.qweight_bytes() / 4, REPACK_THREADS)), REPACK_THREADS, 0,
+                          s>>>(p);
+    qg_status st = gpu_check_launch("w4a16 repack (weights)");
     if (st != QG_OK) return st;
-    const size_t need = workspace_for(plan);
-    if (need > 0 && (a->workspace == nullptr || a->workspace_bytes < need))
-        return set_error(QG_ERR_INVALID_ARGUMENT,
-                         "workspace_bytes=%zu < %zu needed (qg_w4a16_gemm_workspace_size)",
-                         a->workspace == nullptr ? size_t(0) : a->workspace_bytes, need);
-    if (log_enabled())
-        log_once("w4a16 m=%lld n=%lld k=%lld g=%d %s: %s mt=%d trans=%d blocks=%d max_contributors=%d",
-                 static_cast<long long>(a->m), static_cast<long long>(a->n), static_cast<long long>(a->k),
-                 a->group_size, a->qzeros ? "asym" : "sym",
-                 plan.tier == TIER_MMA ? "decode_mma" : "decode_simt", plan.mt, plan.trans ? 1 : 0,
-                 plan.blocks, plan.max_contributors);
-
-    Params p{};
-    p.qweight = a->qweight;
-    p.scales = static_cast<const uint16_t*>(a->scales);
-    p.qzeros = a->qzeros;
-    p.n = static_cast<int>(a->n);
-    p.k = static_cast<int>(a->k);
-    p.ldx = a->ldx;
-    p.ldy = a->ldy;
-    p.group_size = a->group_size;
-    p.scale_type = elem_type(a->scale_dtype);
-    p.y_type = elem_type(a->y_dtype);
-    p.row_blocks = plan.row_blocks;
-    p.max_contributors = plan.max_contributors;
-    if (need > 0) {
-        p.counters = static_cast<unsigned*>(a->workspace);
-        p.partial = reinterpret_cast<float*>(static_cast<char*>(a->workspace) + counter_bytes(plan));
-    }
-    const int x_type = elem_type(a->x_dtype);
-    hipStream_t s = static_cast<hipStream_t>(stream);
-    // M > 16: one decode launch per 16 rows of x (correct for every M; the prefill tier
-    // on the matrix units replaces this for large M).
-    for (int64_t m0 = 0; m0 < a->m; m0 += kMaxDecodeM) {
-        p.m = static_cast<int>(std::min<int64_t>(kMaxDecodeM, a->m - m0));
-        p.x = static_cast<const uint16_t*>(a->x) + m0 * a->ldx;
-        p.y = static_cast<char*>(a->y) + m0 * a->ldy * elem_bytes(a->y_dtype);
-        if (plan.tier == TIER_MMA) {
-            // the last chunk of a large M may need only one x tile
-            const int mt = p.m > 8 ? 2 : 1;
-            const int use_mt = std::min(mt, plan.mt);
-            mma_kernel(x_type, use_mt, a->group_size)<<<plan.blocks, w4a16::MMA_THREADS,
-                                                     w4a16::mma_smem_bytes(use_mt), s>>>(p);
-        } else {
-            const int warps = w4a16::SIMT_THREADS / QG_WARP_SIZE;
-            const int blocks = static_cast<int>((a->n + warps - 1) / warps);
-            w4a16::decode_simt<kMaxDecodeM><<<blocks, w4a16::SIMT_THREADS, 0, s>>>(p, x_type);
-        }
-        st = gpu_check_launch(plan.tier == TIER_MMA ? "w4a16 decode_mma" : "w4a16 decode_simt");
-        if (st != QG_OK) return st;
-    }
-    return QG_OK;
+    repack_frag_scales<<<static_cast<unsigned>(ceil_div(geo.qzeros_bytes(), REPACK_THREADS)), REPACK_THREADS, 0, s>>>(p);
+    return gpu_check_launch("w4a16 repack (scales, zeros)");
 }
 
 }  // namespace qg

@@ -1,97 +1,23 @@
-// W4A16 int4 group-quantized GEMM, decode tier (M <= 16 per launch), HIP dialect.
+// W4A16 decode tier on the canonical layout (v5: bench/NOTES.md), HIP dialect: decode_mma.
 //
 // y[M, N] = x[M, K] @ W^T with W[n, k] = (q[n, k] - z[n, k/G]) * s[n, k/G], read straight
 // from the canonical layout (no repack):
 //   qweight [N, K/8]   int32, nibble i of word j holds q[n, 8j + i]
 //   scales  [N, K/G]   fp16 or bf16
 //   qzeros  [N/8, K/G] int32, row n -> word n/8, bits 4*(n%8); absent = symmetric (z = 8)
-// Kernels take raw pointers and report nothing; src/gpu/w4a16_launch.cpp validates,
-// chooses the tier and the split, and checks the launch.
-//
-// Two tiers live here side by side:
-//   decode_mma  (NVIDIA sm_80+): the weight tile is the A operand of mma.sync m16n8k16,
-//               dequantized in registers; the activations are the B operand (n8 = 8 rows
-//               of x per mma, MT = 1 or 2 such tiles for M <= 16). fp32 accumulation.
-//   decode_simt (every target): one warp per weight row, fp32 FMA. The portable tier.
-#ifndef QG_HIP_W4A16_HIP
-#define QG_HIP_W4A16_HIP
+// The weight tile is the A operand of mma.sync m16n8k16, dequantized in registers; the
+// activations are the B operand (n8 = 8 rows of x per mma, MT = 1 or 2 such tiles for
+// M <= 16). fp32 accumulation. The frag layout's decode tier (hip/w4a16_decode_frag.hip)
+// is the faster one; this tier serves weights that were not repacked.
 
 #include <stdint.h>
 
 #include "compat.h"
+#include "mma.h"
+#include "w4a16_kernels.h"
 
 namespace qg {
 namespace w4a16 {
-
-// ---------------------------------------------------------------- element conversions
-// 16-bit floats travel as raw bits so that the same code builds against old HIP headers.
-enum ElemType : int { ELEM_F16 = 0, ELEM_BF16 = 1, ELEM_F32 = 2 };
-
-__device__ __forceinline__ float bits_to_float(uint16_t b, int type) {
-    if (type == ELEM_BF16) return __uint_as_float(static_cast<uint32_t>(b) << 16);
-    return __half2float(__ushort_as_half(b));
-}
-
-// Round to nearest even; NaN stays NaN (quiet bit forced so truncation cannot make Inf).
-__device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return static_cast<uint16_t>(u >> 16);
-}
-
-__device__ __forceinline__ void store_out(void* y, int64_t idx, float v, int type) {
-    if (type == ELEM_F32) {
-        static_cast<float*>(y)[idx] = v;
-    } else if (type == ELEM_BF16) {
-        static_cast<uint16_t*>(y)[idx] = float_to_bf16_bits(v);
-    } else {
-        static_cast<uint16_t*>(y)[idx] = __half_as_ushort(__float2half_rn(v));
-    }
-}
-
-// ---------------------------------------------------------------- parameters
-struct Params {
-    const uint16_t* x;       // [M, K] fp16/bf16 bits, row stride ldx elements
-    const int32_t* qweight;  // [N, K/8] packed nibbles along K
-    const uint16_t* scales;  // [N, K/G] fp16/bf16 bits
-    const int32_t* qzeros;   // [N/8, K/G] packed nibbles along N, or nullptr (z = 8)
-    void* y;                 // [M, N], row stride ldy elements, type y_type
-    float* partial;          // [row_blocks, max_contributors, 16, 64] fp32 partial sums
-    unsigned* counters;      // [row_blocks] arrival counters, zero on entry, left zero
-    int m, n, k;             // this launch's M (<= 16), N, K
-    int64_t ldx, ldy;
-    int group_size;          // G in {32, 64, 128}
-    int scale_type;          // ELEM_F16 or ELEM_BF16
-    int y_type;              // ELEM_F16, ELEM_BF16 or ELEM_F32
-    int row_blocks;          // ceil(N / 64): blocks of weight rows (decode_mma)
-    int max_contributors;    // most persistent blocks sharing one row block (decode_mma)
-};
-
-// ---------------------------------------------------------------- decode_mma tier
-// Block: 4 warps; warp w owns weight rows n0 + 16w .. n0 + 16w + 15 of the block's 64.
-// The block walks its units (64 rows x SC_K = 256 k) through a STAGES-deep ring in shared
-// memory filled by cp.async (weights 8 KB, x, scales and zero words of one unit per
-// stage), so three units are in flight while the warps decode the fourth; the weights
-// never sit in registers longer than one 128-wide chunk.
-constexpr int MMA_WARPS = 4;
-constexpr int MMA_THREADS = MMA_WARPS * 32;
-constexpr int ROWS_PER_BLOCK = MMA_WARPS * 16;
-constexpr int CHUNK_K = 128;
-constexpr int SC_CHUNKS = 2;
-constexpr int SC_K = CHUNK_K * SC_CHUNKS;
-constexpr int SC_MAX_GROUPS = SC_K / 32;
-constexpr int STAGES = 3;
-// x row stride in shared memory, in 16-bit elements: 256 + 32 so that the two x rows
-// read by one 8-lane phase of a 16-byte load fall in opposite bank halves (64 B apart).
-constexpr int XS_STRIDE = SC_K + 32;
-constexpr int W_STAGE_BYTES = ROWS_PER_BLOCK * SC_K / 2;            // 8 KB of packed nibbles
-constexpr int S_STAGE_BYTES = ROWS_PER_BLOCK * SC_MAX_GROUPS * 2;   // scale bits [64][8]
-constexpr int Z_STAGE_BYTES = (ROWS_PER_BLOCK / 8) * SC_MAX_GROUPS * 4;  // zero words [8][8]
-__host__ __device__ constexpr int stage_bytes(int mt) {
-    return W_STAGE_BYTES + mt * 8 * XS_STRIDE * 2 + S_STAGE_BYTES + Z_STAGE_BYTES;
-}
-__host__ __device__ constexpr int mma_smem_bytes(int mt) { return STAGES * stage_bytes(mt); }
 
 // Which k a thread's nibble is, inside one 128-wide chunk. Lane = 4g + t.
 // After the optional quad transpose, thread t holds, for q = 0..3, word W_q of its two rows:
@@ -114,45 +40,6 @@ __host__ __device__ constexpr int mma_smem_bytes(int mt) { return STAGES * stage
 // mma is irrelevant: the dot product sums the same products.
 
 #if defined(QG_HAS_MMA_SYNC)
-// Nibble pair p of word w as two 16-bit floats (value 1024 + q in fp16, 128 + q in bf16:
-// the exponent-bias trick, e.g. Marlin's 0x64006400 for fp16; 0x43004300 = bf16(128) for
-// bf16, where 128..255 are exactly representable), then minus (bias + z) in the same type:
-// the result q - z in -15..15 is exact.
-template <int XT>
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t w_shifted, uint32_t neg_bias_z) {
-    constexpr uint32_t kBias = XT == ELEM_BF16 ? 0x43004300u : 0x64006400u;
-    constexpr uint32_t kOne = XT == ELEM_BF16 ? 0x3f803f80u : 0x3c003c00u;
-    // (w & 0x000f000f) | bias in one lop3 (0xea = (a & b) | c); the bias sits in a register
-    // operand so that the instruction takes a single immediate.
-    uint32_t biased, bias = kBias;
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(biased) : "r"(w_shifted), "n"(0x000f000f), "r"(bias));
-    uint32_t out;
-    if (XT == ELEM_BF16) {
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(biased), "r"(kOne), "r"(neg_bias_z));
-    } else {
-        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(biased), "r"(kOne), "r"(neg_bias_z));
-    }
-    return out;
-}
-
-template <int XT>
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-    if (XT == ELEM_BF16) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-}
-
 // 4x4 transpose of words across the 4 lanes of a quad: lane t holds w[0..3] = chunk words
 // 4t..4t+3 on entry and chunk words t, t+4, t+8, t+12 on exit. Two 2x2-block stages:
 // swap the off-diagonal 2x2 blocks between lanes t and t^2, then transpose each 2x2 block
@@ -184,22 +71,6 @@ __device__ __forceinline__ int owner_of(int64_t u, int64_t units, int64_t blocks
     return static_cast<int>(((u + 1) * blocks - 1) / units);
 }
 
-#if defined(QG_HAS_MMA_SYNC)
-// cp.async (sm_80+): 16- or 4-byte global -> shared copies that bypass registers; a false
-// `valid` copies nothing and zero-fills the destination (src-size 0).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-#endif
-
 // Shared weight tile: row r, 16-byte unit j (4 words, 32 k) lives at unit r*8 + (j ^ 4*(r&1)):
 // a thread (g, t) reads unit 4c + t of rows g and g+8, so without the swizzle lanes of rows
 // g and g+1 in one 8-lane phase would hit the same 16 banks.
@@ -209,8 +80,7 @@ __device__ __forceinline__ int w_unit(int r, int j) { return r * (SC_K / 32) + (
 // G: group size (32, 64, 128), a template argument so that every group index below is a
 // compile-time constant; the quad transpose (TRANS) is needed when G < 128 (table above).
 template <int XT, int MT, int G>
-__global__ void __launch_bounds__(MMA_THREADS)
-decode_mma(const Params p) {
+__global__ void __launch_bounds__(MMA_THREADS) decode_mma(const Params p) {
 #if defined(QG_HAS_MMA_SYNC)
     extern __shared__ __align__(16) unsigned char smem[];   // STAGES x stage_bytes(MT)
     __shared__ unsigned last_block;
@@ -225,7 +95,6 @@ decode_mma(const Params p) {
     const int S = (p.k + SC_K - 1) / SC_K;              // units per row block
     const int64_t U = static_cast<int64_t>(p.row_blocks) * S;
     const int64_t P = gridDim.x;
-    const uint32_t neg_bias = XT == ELEM_BF16 ? 0xc300u : 0xe400u;  // -(128) bf16, -(1024) fp16
     const int r_g = warp * 16 + g, r_h = r_g + 8;                    // rows inside the block
 
     const int64_t u_begin = (static_cast<int64_t>(blockIdx.x) * U) / P;
@@ -374,10 +243,8 @@ decode_mma(const Params p) {
                 const int gi = TRANS ? (c * CHUNK_K + 32 * q) / G : (c * CHUNK_K) / G;
                 if (TRANS ? (32 * q) % G == 0 : q == 0) {  // a group starts: its zero and scale
                     // -(bias + z) as a packed pair: z adds one ulp per step at this exponent
-                    const uint32_t ng = neg_bias + ((zs[(r_g >> 3) * SC_MAX_GROUPS + gi] >> (4 * (r_g & 7))) & 15u);
-                    const uint32_t nh = neg_bias + ((zs[(r_h >> 3) * SC_MAX_GROUPS + gi] >> (4 * (r_h & 7))) & 15u);
-                    zg = ng | (ng << 16);
-                    zh = nh | (nh << 16);
+                    zg = neg_bias_z<XT>((zs[(r_g >> 3) * SC_MAX_GROUPS + gi] >> (4 * (r_g & 7))) & 15u);
+                    zh = neg_bias_z<XT>((zs[(r_h >> 3) * SC_MAX_GROUPS + gi] >> (4 * (r_h & 7))) & 15u);
                     sg = bits_to_float(ss[r_g * SC_MAX_GROUPS + gi], p.scale_type);
                     sh = bits_to_float(ss[r_h * SC_MAX_GROUPS + gi], p.scale_type);
                 }
@@ -485,51 +352,13 @@ decode_mma(const Params p) {
 #endif
 }
 
-// ---------------------------------------------------------------- decode_simt tier
-// Portable: one warp per weight row, lanes stride over the row's packed words, fp32 FMA,
-// warp reduction with __shfl_xor. MMAX bounds M (registers are indexed by constants only).
-constexpr int SIMT_THREADS = 128;
-
-template <int MMAX>
-__global__ void __launch_bounds__(SIMT_THREADS)
-decode_simt(const Params p, int x_type) {
-    const int warps = SIMT_THREADS / QG_WARP_SIZE;
-    const int lane = threadIdx.x % QG_WARP_SIZE;
-    const int n = blockIdx.x * warps + threadIdx.x / QG_WARP_SIZE;
-    if (n >= p.n) return;
-    const int words_per_row = p.k >> 3;
-    const int groups = p.k / p.group_size;
-    float acc[MMAX];
-#pragma unroll
-    for (int m = 0; m < MMAX; ++m) acc[m] = 0.f;
-    for (int j = lane; j < words_per_row; j += QG_WARP_SIZE) {
-        const uint32_t w = static_cast<uint32_t>(p.qweight[static_cast<int64_t>(n) * words_per_row + j]);
-        const int grp = (8 * j) / p.group_size;
-        const float s = bits_to_float(p.scales[static_cast<int64_t>(n) * groups + grp], p.scale_type);
-        const int z = p.qzeros ? (static_cast<uint32_t>(p.qzeros[static_cast<int64_t>(n >> 3) * groups + grp])
-                                  >> (4 * (n & 7))) & 15
-                               : 8;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float wv = static_cast<float>(static_cast<int>((w >> (4 * i)) & 15u) - z) * s;
-#pragma unroll
-            for (int m = 0; m < MMAX; ++m)
-                if (m < p.m) acc[m] = fmaf(bits_to_float(p.x[m * p.ldx + 8 * j + i], x_type), wv, acc[m]);
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < MMAX; ++m) {
-        float v = acc[m];
-        for (int off = QG_WARP_SIZE / 2; off > 0; off >>= 1) v += __shfl_xor(v, off, QG_WARP_SIZE);
-        if (lane == 0 && m < p.m) store_out(p.y, m * p.ldy + n, v, p.y_type);
-    }
+const void* decode_mma_kernel(int x_type, int mt, int group_size) {
+#define QG_CASE(XT, MT, G) \
+    if (x_type == XT && mt == MT && group_size == G) return reinterpret_cast<const void*>(&decode_mma<XT, MT, G>);
+    QG_W4A16_MMA_KERNELS(QG_CASE)
+#undef QG_CASE
+    return nullptr;
 }
-
-// The portable tier is instantiated here so that compiling this file alone (the AMD
-// compile check in .ci/run) builds real device code, not just templates.
-template __global__ void decode_simt<16>(const Params, int);
 
 }  // namespace w4a16
 }  // namespace qg
-
-#endif  // QG_HIP_W4A16_HIP

@@ -1,0 +1,117 @@
+// NVIDIA matrix-unit and async-copy wrappers (sm_80+): cp.async, ldmatrix, mma.sync
+// m16n8k16, and the nibble-to-fp16/bf16 dequantization of int4 weights. Only compiled
+// where QG_HAS_MMA_SYNC is set (hip/compat.h); every kernel that uses them has a host gate.
+#pragma once
+
+#include <stdint.h>
+
+#include "compat.h"
+#include "elem.h"
+
+namespace qg {
+
+#if defined(QG_HAS_MMA_SYNC)
+// cp.async: global -> shared copies that bypass registers. A false `valid` copies nothing
+// and zero-fills the destination (src-size 0). .cg caches in L2 only (streamed data).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 8 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+}
+// Streamed 16-byte copy with an L2 evict-first policy: weights are read once per call, so
+// they should not push the activations and partial sums out of L2.
+__device__ __forceinline__ void cp_async16_stream(void* smem, const void* gmem, bool valid, uint64_t policy) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(gmem),
+                 "r"(valid ? 16 : 0), "l"(policy));
+}
+__device__ __forceinline__ uint64_t evict_first_policy() {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// ldmatrix.x4: four 8x8 b16 matrices; lane i gives the address of row i % 8 of matrix i / 8,
+// and receives in register j row (lane / 4), elements 2 (lane % 4), +1 of matrix j: for
+// rows = tokens and columns = k that is the mma.m16n8k16 B fragment (b0 = k 0..7, b1 = 8..15).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// D = A (16x16, row) * B (16x8, col) + C, fp32 accumulators; XT selects fp16 or bf16 inputs.
+template <int XT>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    if (XT == ELEM_BF16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+
+// Nibble pair p of a word (bits 4p..4p+3 and 16+4p..) as two 16-bit floats equal to
+// q - z exactly. The exponent-bias trick (Marlin's 0x64006400 for fp16): or-ing a nibble
+// into the mantissa of 1024 (fp16 0x6400) gives 1024 + q; for bf16, 128 (0x4300) gives
+// 128 + q, exact because bf16 spaces 128..255 one apart. One fma with -(bias + z) then
+// leaves q - z in -15..15, exact. `w_shifted` = word >> 4p; `neg_bias_z` = the packed
+// pair -(bias + z) in the same type (see neg_bias_z below).
+template <int XT>
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t w_shifted, uint32_t neg_bias_z) {
+    constexpr uint32_t kBias = XT == ELEM_BF16 ? 0x43004300u : 0x64006400u;
+    constexpr uint32_t kOne = XT == ELEM_BF16 ? 0x3f803f80u : 0x3c003c00u;
+    // (w & 0x000f000f) | bias in one lop3 (0xea = (a & b) | c); the bias sits in a register
+    // operand so that the instruction takes a single immediate.
+    uint32_t biased, bias = kBias;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(biased) : "r"(w_shifted), "n"(0x000f000f), "r"(bias));
+    uint32_t out;
+    if (XT == ELEM_BF16) {
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(biased), "r"(kOne), "r"(neg_bias_z));
+    } else {
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(biased), "r"(kOne), "r"(neg_bias_z));
+    }
+    return out;
+}
+
+// The packed pair -(bias + z) for zero-point z (0..15): at the bias's exponent z adds one
+// unit in the last place per step, so -(bias + z) is the bias's negation plus z.
+template <int XT>
+__device__ __forceinline__ uint32_t neg_bias_z(uint32_t z) {
+    constexpr uint32_t kNegBias = XT == ELEM_BF16 ? 0xc300u : 0xe400u;  // -128 bf16, -1024 fp16
+    const uint32_t h = kNegBias + z;
+    return h | (h << 16);
+}
+
+// 16-byte loads and stores that skip L1: partial sums written by other thread blocks must
+// be read from L2 (L1 is not coherent across SMs).
+__device__ __forceinline__ float4 ld_cg_f4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ void st_cg_f4(float* p, float4 v) {
+    asm volatile("st.global.cg.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w));
+}
+#endif  // QG_HAS_MMA_SYNC
+
+}  // namespace qg

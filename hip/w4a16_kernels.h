@@ -1,0 +1,209 @@
+// W4A16 GPU kernels: their parameters, tile shapes and instantiation lists, shared by the
+// kernel files (hip/w4a16_*.hip, one compilation unit each) and the launcher
+// (src/gpu/w4a16_launch.cpp). Kernels take raw pointers and report nothing.
+//
+//   kernel          file                        layout     tier
+//   decode_simt     hip/w4a16_simt.hip          both       <gpu>:simt (portable)
+//   decode_mma      hip/w4a16_decode_mma.hip    canonical  <gpu>:decode_mma (sm_80+)
+//   decode_frag     hip/w4a16_decode_frag.hip   frag       <gpu>:decode_frag (sm_80+)
+//   prefill_wgmma   hip/w4a16_prefill.hip       frag       <gpu>:prefill_wgmma (sm_90a)
+//   repack_frag     hip/w4a16_repack.hip        -> frag    qg_w4a16_repack on a GPU context
+#pragma once
+
+#include <stdint.h>
+
+#include "compat.h"
+#include "elem.h"
+
+namespace qg {
+namespace w4a16 {
+
+// ---------------------------------------------------------------- decode_mma (canonical, v5)
+struct Params {
+    const uint16_t* x;       // [M, K] fp16/bf16 bits, row stride ldx elements
+    const int32_t* qweight;  // [N, K/8] packed nibbles along K
+    const uint16_t* scales;  // [N, K/G] fp16/bf16 bits
+    const int32_t* qzeros;   // [N/8, K/G] packed nibbles along N, or nullptr (z = 8)
+    void* y;                 // [M, N], row stride ldy elements, type y_type
+    float* partial;          // [row_blocks, max_contributors, 16, 64] fp32 partial sums
+    unsigned* counters;      // [row_blocks] arrival counters, zero on entry, left zero
+    int m, n, k;             // this launch's M (<= 16), N, K
+    int64_t ldx, ldy;
+    int group_size;          // G in {32, 64, 128}
+    int scale_type;          // ELEM_F16 or ELEM_BF16
+    int y_type;              // ELEM_F16, ELEM_BF16 or ELEM_F32
+    int row_blocks;          // ceil(N / 64): blocks of weight rows (decode_mma)
+    int max_contributors;    // most persistent blocks sharing one row block (decode_mma)
+};
+
+constexpr int MMA_WARPS = 4;
+constexpr int MMA_THREADS = MMA_WARPS * 32;
+constexpr int ROWS_PER_BLOCK = MMA_WARPS * 16;
+constexpr int CHUNK_K = 128;
+constexpr int SC_CHUNKS = 2;
+constexpr int SC_K = CHUNK_K * SC_CHUNKS;
+constexpr int SC_MAX_GROUPS = SC_K / 32;
+constexpr int STAGES = 3;
+// x row stride in shared memory, in 16-bit elements: 256 + 32 so that the two x rows
+// read by one 8-lane phase of a 16-byte load fall in opposite bank halves (64 B apart).
+constexpr int XS_STRIDE = SC_K + 32;
+constexpr int W_STAGE_BYTES = ROWS_PER_BLOCK * SC_K / 2;                 // 8 KB of packed nibbles
+constexpr int S_STAGE_BYTES = ROWS_PER_BLOCK * SC_MAX_GROUPS * 2;        // scale bits [64][8]
+constexpr int Z_STAGE_BYTES = (ROWS_PER_BLOCK / 8) * SC_MAX_GROUPS * 4;  // zero words [8][8]
+__host__ __device__ constexpr int stage_bytes(int mt) {
+    return W_STAGE_BYTES + mt * 8 * XS_STRIDE * 2 + S_STAGE_BYTES + Z_STAGE_BYTES;
+}
+__host__ __device__ constexpr int mma_smem_bytes(int mt) { return STAGES * stage_bytes(mt); }
+
+// The kernels are templates instantiated in their own file; a launcher reaches an
+// instantiation through its file's lookup function (the address of its host stub, for
+// hipLaunchKernel and the occupancy queries), because nvcc's whole-program mode keeps
+// template stubs local to the file that instantiates them.
+
+// decode_mma<XT, MT, G>: activation type, 8-row tiles of x (1: M <= 8, 2: M <= 16), group
+// size; nullptr for a combination not in the list below.
+const void* decode_mma_kernel(int x_type, int mt, int group_size);
+
+// Every decode_mma instantiation: x type x tile width x group size, listed once.
+#define QG_W4A16_MMA_KERNELS(X)                                            \
+    X(ELEM_F16, 1, 32) X(ELEM_F16, 1, 64) X(ELEM_F16, 1, 128)              \
+    X(ELEM_F16, 2, 32) X(ELEM_F16, 2, 64) X(ELEM_F16, 2, 128)              \
+    X(ELEM_BF16, 1, 32) X(ELEM_BF16, 1, 64) X(ELEM_BF16, 1, 128)           \
+    X(ELEM_BF16, 2, 32) X(ELEM_BF16, 2, 64) X(ELEM_BF16, 2, 128)
+
+// ---------------------------------------------------------------- decode_simt (both layouts)
+struct SimtParams {
+    const uint16_t* x;       // [M, K], row stride ldx elements
+    const void* qweight;     // canonical [N, K/8] int32, or the frag plane
+    const uint16_t* scales;  // canonical [N, K/G], or the frag plane
+    const void* qzeros;      // canonical [N/8, K/G] int32, frag plane uint8, or nullptr
+    void* y;
+    int m, n, k;             // m <= SIMT_MAX_M
+    int64_t ldx, ldy;
+    int group_size;
+    int x_type, scale_type, y_type;
+    int frag;                // 1: the three pointers are frag planes
+};
+constexpr int SIMT_THREADS = 128;
+constexpr int SIMT_MAX_M = 16;
+__global__ void decode_simt(const SimtParams p);
+
+// ---------------------------------------------------------------- decode_frag (frag layout)
+struct FragParams {
+    const uint16_t* x;       // [M, K] fp16/bf16 bits, row stride ldx elements
+    const uint32_t* qweight; // frag plane: [RB][KT][32 lanes][4 words]
+    const uint32_t* scales;  // frag plane as words: [RB][KC][8 g][GC] = s[g] | s[g + 8] << 16
+    const uint8_t* qzeros;   // frag plane [RB][KC][8 g][GC] (z[g] | z[g+8] << 4), or nullptr
+    void* y;                 // [M, N], row stride ldy elements, type y_type
+    float* partial;          // [row_tiles][max_contributors][16 tokens][256 rows] fp32
+    unsigned* counters;      // [row_tiles] arrival counters, zero on entry, left zero
+    int m, n, k;             // this launch's M (<= 16), N, K
+    int64_t ldx, ldy;
+    int k_chunks;            // KC = Kp / 128: the units of a row tile
+    int row_blocks;          // RB = Np / 16
+    int row_tiles;           // RT = ceil(RB / FRAG_TILE_RB)
+    int scale_type;          // ELEM_F16 or ELEM_BF16
+    int y_type;              // ELEM_F16, ELEM_BF16 or ELEM_F32
+    int max_contributors;    // most thread blocks sharing one row tile
+};
+
+// Thread block: 8 warps, each owning 2 row blocks (32 weight rows): 256 rows per block.
+// Work unit: 256 rows x one 128-k chunk (32 KB of weights + its scales and zeros).
+constexpr int FRAG_WARPS = 8;
+constexpr int FRAG_THREADS = FRAG_WARPS * 32;
+constexpr int FRAG_RB_PER_WARP = 2;
+constexpr int FRAG_TILE_RB = FRAG_WARPS * FRAG_RB_PER_WARP;  // 16 row blocks
+constexpr int FRAG_TILE_ROWS = FRAG_TILE_RB * 16;            // 256 rows
+constexpr int FRAG_STAGES = 4;
+// x row stride in shared memory (16-bit elements): 128 + 8, so that the 8 rows one ldmatrix
+// phase reads start 272 bytes = 4 banks apart and cover all 32 banks once.
+constexpr int FRAG_XS_STRIDE = 128 + 8;
+
+__host__ __device__ constexpr int align16c(int v) { return (v + 15) / 16 * 16; }
+template <int MT, int G>
+struct FragStage {
+    static constexpr int GC = 128 / G;                                   // groups per chunk
+    static constexpr int W_BYTES = FRAG_THREADS * 64;                    // 2 rb x 2 tiles x 16 B per lane
+    static constexpr int X_BYTES = align16c(MT * 8 * FRAG_XS_STRIDE * 2);
+    static constexpr int S_BYTES = FRAG_TILE_RB * 8 * GC * 4;            // scale words
+    static constexpr int Z_BYTES = align16c(FRAG_TILE_RB * 8 * GC);      // zero bytes
+    static constexpr int X_OFF = W_BYTES, S_OFF = X_OFF + X_BYTES, Z_OFF = S_OFF + S_BYTES;
+    static constexpr int BYTES = Z_OFF + Z_BYTES;
+    static constexpr int SMEM = FRAG_STAGES * BYTES;
+};
+
+// decode_frag<XT, MT, G, ASYM> (ASYM: zero-points given).
+const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym);
+
+#define QG_W4A16_FRAG_KERNELS(X)                                                                     \
+    X(ELEM_F16, 1, 32, true) X(ELEM_F16, 1, 64, true) X(ELEM_F16, 1, 128, true)                     \
+    X(ELEM_F16, 2, 32, true) X(ELEM_F16, 2, 64, true) X(ELEM_F16, 2, 128, true)                     \
+    X(ELEM_BF16, 1, 32, true) X(ELEM_BF16, 1, 64, true) X(ELEM_BF16, 1, 128, true)                  \
+    X(ELEM_BF16, 2, 32, true) X(ELEM_BF16, 2, 64, true) X(ELEM_BF16, 2, 128, true)                  \
+    X(ELEM_F16, 1, 32, false) X(ELEM_F16, 1, 64, false) X(ELEM_F16, 1, 128, false)                  \
+    X(ELEM_F16, 2, 32, false) X(ELEM_F16, 2, 64, false) X(ELEM_F16, 2, 128, false)                  \
+    X(ELEM_BF16, 1, 32, false) X(ELEM_BF16, 1, 64, false) X(ELEM_BF16, 1, 128, false)               \
+    X(ELEM_BF16, 2, 32, false) X(ELEM_BF16, 2, 64, false) X(ELEM_BF16, 2, 128, false)
+
+// ---------------------------------------------------------------- prefill_wgmma (frag, sm_90a)
+// Thread block: 2 warpgroups (8 warps); warp w owns row block w of the block's 128 weight
+// rows (each warpgroup one wgmma m64 tile), all warps share the block's BN tokens. The
+// weights go global -> registers (each lane's 16-byte fragment per 64-k step, two chunks
+// ahead), dequantized there as wgmma's A operand; x tiles [BN tokens x 64 k] come by TMA
+// into a PF_STAGES ring in shared memory (128-byte swizzle) as the B operand.
+struct PrefillParams {
+    const uint32_t* qweight;  // frag plane [RB][KT][32][4 words]
+    const uint32_t* scales;   // frag plane as words [RB][KC][8][GC]
+    const uint8_t* qzeros;    // frag plane [RB][KC][8][GC], or nullptr (symmetric)
+    void* y;                  // [M, N], row stride ldy elements, type y_type
+    int64_t ldy;
+    int m, n;                 // tokens, weight rows
+    int k_tiles;              // KT = Kp / 64: the k-steps of the loop
+    int k_chunks;             // KC = Kp / 128
+    int row_blocks;           // RB = Np / 16
+    int scale_type;           // ELEM_F16 or ELEM_BF16
+    int y_type;               // ELEM_F16, ELEM_BF16 or ELEM_F32
+};
+constexpr int PF_THREADS = 256;
+constexpr int PF_ROWS = 128;          // weight rows per block
+constexpr int PF_STAGES = 8;          // x tiles in flight: PF_STAGES - 2 ahead of the k-step
+template <int BN>
+struct PrefillSmem {
+    static constexpr int B_BYTES = BN * 64 * 2;           // one x tile, 128-byte rows
+    static constexpr int BAR_OFF = PF_STAGES * B_BYTES;   // full[] then empty[] mbarriers
+    static constexpr int SMEM = 1024 + BAR_OFF + 2 * PF_STAGES * 8;  // + 1024: alignment slack
+};
+
+#if defined(QG_HAVE_TENSOR_MAPS)
+// prefill_wgmma<XT, BN, G, ASYM>(tmap_x, params); tmap_x: x [M, K] as a 2-D tensor map,
+// box [BN tokens, 64 k], 128-byte swizzle.
+const void* prefill_kernel(int x_type, int bn, int group_size, bool asym);
+
+#define QG_W4A16_PREFILL_KERNELS(X)                                                                   \
+    X(ELEM_F16, 128, 32, true) X(ELEM_F16, 128, 64, true) X(ELEM_F16, 128, 128, true)                \
+    X(ELEM_BF16, 128, 32, true) X(ELEM_BF16, 128, 64, true) X(ELEM_BF16, 128, 128, true)             \
+    X(ELEM_F16, 128, 32, false) X(ELEM_F16, 128, 64, false) X(ELEM_F16, 128, 128, false)             \
+    X(ELEM_BF16, 128, 32, false) X(ELEM_BF16, 128, 64, false) X(ELEM_BF16, 128, 128, false)          \
+    X(ELEM_F16, 64, 32, true) X(ELEM_F16, 64, 64, true) X(ELEM_F16, 64, 128, true)                   \
+    X(ELEM_BF16, 64, 32, true) X(ELEM_BF16, 64, 64, true) X(ELEM_BF16, 64, 128, true)                \
+    X(ELEM_F16, 64, 32, false) X(ELEM_F16, 64, 64, false) X(ELEM_F16, 64, 128, false)                \
+    X(ELEM_BF16, 64, 32, false) X(ELEM_BF16, 64, 64, false) X(ELEM_BF16, 64, 128, false)
+#endif
+
+// ---------------------------------------------------------------- repack (canonical -> frag)
+struct RepackParams {
+    const uint32_t* qweight;  // canonical [N, K/8]
+    const uint16_t* scales;   // canonical [N, K/G]
+    const uint32_t* qzeros;   // canonical [N/8, K/G] or nullptr
+    uint32_t* out_qweight;    // frag planes
+    uint16_t* out_scales;
+    uint8_t* out_qzeros;      // nullptr when qzeros is
+    int64_t n, k;
+    int group_size;
+};
+constexpr int REPACK_THREADS = 256;
+__global__ void repack_frag_weights(const RepackParams p);   // one thread per output word
+__global__ void repack_frag_scales(const RepackParams p);    // one thread per (rb, kc, g, c)
+
+}  // namespace w4a16
+}  // namespace qg

@@ -1,0 +1,60 @@
+// W4A16 repack into the frag layout on the GPU (qg_w4a16_repack on a GPU context): the
+// same permutation as the CPU repack (src/w4a16_layout.cpp), one thread per output word
+// (weights) or per output record (scales and zeros), positions from
+// src/formats/w4a16_frag.h. pyquant/formats/int4_frag.py is the specification.
+#include <stdint.h>
+
+#include "compat.h"
+#include "formats/w4a16_frag.h"
+#include "w4a16_kernels.h"
+
+namespace qg {
+namespace w4a16 {
+
+// Output word (rb, kt, lane, s): 8 nibbles from rows g and g+8 of the row block, k 16s + 2t
+// (+1) and + 8 (+9) of the tile: two canonical words per row (k/8 = 8kt + 2s and + 1).
+__global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const RepackParams p) {
+    const frag::Geometry geo(p.n, p.k, p.group_size);
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * REPACK_THREADS + threadIdx.x;
+    if (i >= geo.qweight_bytes() / 4) return;
+    const int s = static_cast<int>(i % frag::kWordsPerLane);
+    const int lane = static_cast<int>((i / frag::kWordsPerLane) % frag::kLanes);
+    const int64_t tile = i / frag::kTileWords;
+    const int64_t rb = tile / geo.k_tiles, kt = tile % geo.k_tiles;
+    uint32_t word = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int64_t n = rb * frag::kRowBlock + frag::nibble_row(lane, j);
+        const int64_t k = kt * frag::kKTile + frag::nibble_k(lane, s, j);
+        if (n < p.n && k < p.k) {
+            const uint32_t w = p.qweight[n * (p.k / 8) + k / 8];
+            word |= ((w >> (4 * (k % 8))) & 15u) << (4 * j);
+        }
+    }
+    p.out_qweight[i] = word;
+}
+
+// Output record (rb, kc, g, c): the scales of rows g and g+8 for group kc * GC + c, and
+// their zero byte.
+__global__ void __launch_bounds__(REPACK_THREADS) repack_frag_scales(const RepackParams p) {
+    const frag::Geometry geo(p.n, p.k, p.group_size);
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * REPACK_THREADS + threadIdx.x;
+    if (i >= geo.qzeros_bytes()) return;  // one record per zero byte
+    const int c = static_cast<int>(i % geo.groups_per_chunk);
+    const int g = static_cast<int>((i / geo.groups_per_chunk) % 8);
+    const int64_t rbkc = i / (8 * geo.groups_per_chunk);
+    const int64_t rb = rbkc / geo.k_chunks, kc = rbkc % geo.k_chunks;
+    const int64_t grp = kc * geo.groups_per_chunk + c;
+    uint32_t zb = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int64_t n = rb * frag::kRowBlock + g + 8 * h;
+        const bool real = n < p.n && grp < geo.groups;
+        p.out_scales[2 * i + h] = real ? p.scales[n * geo.groups + grp] : 0;
+        if (p.qzeros != nullptr && real) zb |= ((p.qzeros[(n / 8) * geo.groups + grp] >> (4 * (n % 8))) & 15u) << (4 * h);
+    }
+    if (p.out_qzeros != nullptr) p.out_qzeros[i] = static_cast<uint8_t>(zb);
+}
+
+}  // namespace w4a16
+}  // namespace qg

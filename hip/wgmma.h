@@ -1,0 +1,134 @@
+// Hopper (sm_90a) wrappers: mbarriers, the bulk tensor copy (TMA) into shared memory, and
+// warpgroup mma (wgmma) with the A operand in registers. Compiled only where QG_HAS_WGMMA
+// is set (hip/compat.h); the tiers using them are gated on the host (sm_90a built, cc 9.0).
+// PTX ISA references: "mbarrier", "cp.async.bulk.tensor", "wgmma.mma_async",
+// "Matrix Descriptor Format" (shared-memory matrix descriptors of wgmma).
+#pragma once
+
+#include <stdint.h>
+
+#include "compat.h"
+#include "elem.h"
+
+namespace qg {
+
+#if defined(QG_HAS_WGMMA)
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------- mbarrier
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+// Makes the initialised barriers visible to the async proxy (the TMA unit) as well.
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+// The arrival of a TMA producer: one arrival plus `bytes` the copies will complete.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+// Waits until the barrier's phase with parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+    const uint32_t a = smem_addr(bar);
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(a),
+        "r"(parity)
+        : "memory");
+}
+
+// ---------------------------------------------------------------- TMA
+// 2-D tile load: box at element coordinates (c0 inner, c1 outer) of the tensor map into
+// shared memory, completing `bar`'s transaction count. Out-of-range elements read as zero.
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const void* tensor_map, uint64_t* bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+            smem_addr(smem_dst)),
+        "l"(tensor_map), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
+        : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_descriptor(const void* tensor_map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(tensor_map) : "memory");
+}
+
+// ---------------------------------------------------------------- wgmma
+// Shared-memory matrix descriptor of a K-major tile with the 128-byte swizzle that TMA's
+// CU_TENSOR_MAP_SWIZZLE_128B writes: rows of 64 16-bit elements (128 B), 8-row swizzle
+// atoms 1024 B apart (stride byte offset), leading byte offset 16 B (unused by this
+// layout, set as CUTLASS does), layout type 1 = 128B swizzle in bits 62..63. The tile
+// must start 1024-byte aligned (base offset 0); the k16 steps inside it start 32 B apart.
+__device__ __forceinline__ uint64_t wgmma_desc_k128b(const void* tile) {
+    const uint64_t a = smem_addr(tile);
+    return ((a & 0x3ffffull) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Accumulators of one warpgroup's m64nNk16: N/2 fp32 per thread. Thread (warp w of the
+// warpgroup, lane 4g + t) holds d[4j + i]: row 16w + g + 8 (i >> 1), column 8j + 2t + (i & 1).
+template <int N>
+struct WgAcc {
+    float d[N / 2];
+};
+
+// D (+)= A (64 x 16, registers: the mma.m16n8k16 A fragment of each warp's 16 rows) x
+// B (16 x N, K-major in shared memory, descriptor `desc`); scale_d = 0 overwrites D.
+// XT: ELEM_F16 or ELEM_BF16 (fp32 accumulation).
+#define QG_WGMMA_OPS8(i) "+f"(c.d[i]), "+f"(c.d[i + 1]), "+f"(c.d[i + 2]), "+f"(c.d[i + 3]), \
+                         "+f"(c.d[i + 4]), "+f"(c.d[i + 5]), "+f"(c.d[i + 6]), "+f"(c.d[i + 7])
+
+template <int XT>
+__device__ __forceinline__ void wgmma_m64n128k16(WgAcc<128>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+#define QG_WGMMA_128(TYPE)                                                                                          \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                                  \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                          \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                  \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                  \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                 \
+                 "{%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"                                                     \
+                 : QG_WGMMA_OPS8(0), QG_WGMMA_OPS8(8), QG_WGMMA_OPS8(16), QG_WGMMA_OPS8(24), QG_WGMMA_OPS8(32),     \
+                   QG_WGMMA_OPS8(40), QG_WGMMA_OPS8(48), QG_WGMMA_OPS8(56)                                          \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc))
+    if (XT == ELEM_BF16) QG_WGMMA_128("bf16");
+    else QG_WGMMA_128("f16");
+#undef QG_WGMMA_128
+}
+
+template <int XT>
+__device__ __forceinline__ void wgmma_m64n64k16(WgAcc<64>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+#define QG_WGMMA_64(TYPE)                                                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                                   \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                          \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                 \
+                 "{%32, %33, %34, %35}, %37, p, 1, 1, 0;\n}\n"                                                     \
+                 : QG_WGMMA_OPS8(0), QG_WGMMA_OPS8(8), QG_WGMMA_OPS8(16), QG_WGMMA_OPS8(24)                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc))
+    if (XT == ELEM_BF16) QG_WGMMA_64("bf16");
+    else QG_WGMMA_64("f16");
+#undef QG_WGMMA_64
+}
+#undef QG_WGMMA_OPS8
+
+template <int XT, int N>
+__device__ __forceinline__ void wgmma_m64k16(WgAcc<N>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+    if constexpr (N == 128) wgmma_m64n128k16<XT>(c, a, desc, scale_d);
+    else wgmma_m64n64k16<XT>(c, a, desc, scale_d);
+}
+#endif  // QG_HAS_WGMMA
+
+}  // namespace qg
