@@ -88,7 +88,6 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
     const int64_t P = gridDim.x;
     const int64_t u_begin = static_cast<int64_t>(blockIdx.x) * U / P;
     const int64_t u_end = (static_cast<int64_t>(blockIdx.x) + 1) * U / P;
-    const uint64_t policy = evict_first_policy();
 
     // ---- fixed copy roles of this thread (per unit only the chunk offset changes)
     // weights: this lane's 16 bytes of tiles (rb0 + r, 2 kc + j), r, j in {0, 1}
@@ -145,8 +144,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
         for (int r = 0; r < FRAG_RB_PER_WARP; ++r)
 #pragma unroll
             for (int j = 0; j < 2; ++j)
-                cp_async16_stream(wdst + (r * 2 + j) * 512, w_src[r] + (2 * static_cast<int64_t>(kc) + j) * 128,
-                                  w_in[r], policy);
+                cp_async16(wdst + (r * 2 + j) * 512, w_src[r] + (2 * static_cast<int64_t>(kc) + j) * 128, w_in[r]);
         if (x_copier) {
             uint16_t* xs = reinterpret_cast<uint16_t*>(base + St::X_OFF);
             const bool in_k = kc * 128 + x_piece * 8 < p.k;   // K % 32 == 0: pieces are whole

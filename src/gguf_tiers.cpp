@@ -38,6 +38,7 @@ const Tier<qg_gguf_gemm_args>* choose(const qg_context* ctx, const qg_gguf_gemm_
         *reason = "int8 x on the matrix units";
         return &gpu_gguf_int8_tier;
     }
+    if (!usable(gpu_gguf_float_tier, ctx, a)) return nullptr;  // select_tier names every tier's reason
     *reason = q6k_single_row ? "q6_K at m = 1: the float tier measured as fast" : "no int8 mma tier here: float x";
     return &gpu_gguf_float_tier;
 #else

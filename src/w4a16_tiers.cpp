@@ -59,8 +59,11 @@ const Tier<qg_w4a16_gemm_args>* choose(const qg_context* ctx, const qg_w4a16_gem
                             : "m <= 16, canonical layout: memory-bound decode";
         return &gpu_w4a16_decode_mma_tier;
     }
-    *reason = "no matrix-unit tier for this device or these pointers: portable SIMT";
-    return &gpu_w4a16_simt_tier;
+    if (usable(gpu_w4a16_simt_tier, ctx, a)) {
+        *reason = "no matrix-unit tier for this device or these pointers: portable SIMT";
+        return &gpu_w4a16_simt_tier;
+    }
+    return nullptr;  // select_tier names every tier's reason (e.g. k past 2^31)
 #else
     *reason = "";
     return nullptr;
