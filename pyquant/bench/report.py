@@ -5,12 +5,14 @@ import base64
 import html
 import io
 import json
-import sys
 import time
 
 from . import cases as C
 from . import golden as G
 from . import roofline as R
+# The bench's progress line is the library's: a bar on a terminal, a line at every tenth
+# of the cases in a log.
+from ..progress import Progress  # noqa: F401
 
 ROW_FIELDS = ("family", "format", "variant", "m", "n", "k", "median_us", "GBps", "TFLOPs",
               "roofline_pct", "reproducible", "peers")
@@ -129,37 +131,6 @@ def compare_summary(results: list[G.Compared], band: float) -> str:
     return "\n".join(lines)
 
 
-class Progress:
-    """A one-line progress bar on stderr (a line every 10 % when stderr is not a terminal)."""
-
-    WIDTH = 30
-
-    def __init__(self, total: int, stream=None):
-        self.total = max(1, total)
-        self.done = 0
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.t0 = time.monotonic()
-        self._last_decile = -1
-
-    def step(self, label: str = "") -> None:
-        self.done += 1
-        frac = self.done / self.total
-        elapsed = time.monotonic() - self.t0
-        eta = elapsed / frac - elapsed
-        if self.tty:
-            bar = "#" * int(frac * self.WIDTH)
-            self.stream.write(f"\r[{bar:<{self.WIDTH}}] {self.done}/{self.total} "
-                              f"{elapsed:5.0f}s eta {eta:4.0f}s {label[:50]:<50}")
-            if self.done >= self.total:
-                self.stream.write("\n")
-            self.stream.flush()
-        elif self.total >= 10 and int(frac * 10) != self._last_decile:
-            self._last_decile = int(frac * 10)
-            self.stream.write(f"bench: {self.done}/{self.total} cases, {elapsed:.0f}s\n")
-            self.stream.flush()
-
-
 # ------------------------------------------------------------------ pictures
 
 
@@ -230,7 +201,7 @@ def save_plot(rows: list[dict], path, machine_title: str) -> None:
 def write_html(path, doc: dict, header: list[str], extra_text: str = "") -> None:
     """One page: the measurement header, the plot (when matplotlib is there) and the table."""
     rows = doc["rows"]
-    img = "<p><i>matplotlib is not installed (pip install .[bench]): no plot.</i></p>"
+    img = "<p><i>matplotlib is not installed (pip install 'pyquant[bench]'): no plot.</i></p>"
     if have_matplotlib() and rows:
         import matplotlib.pyplot as plt
         fig = figure(rows, doc["device"])

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 
 from .. import formats as _formats
+from .. import progress as _progress
 from .checkpoint import Checkpoint
 
 # GGML types the reader already hands back as typed numpy arrays (kept as they are).
@@ -20,7 +21,8 @@ def _gguf():
     try:
         import gguf
     except ImportError as e:
-        raise ImportError("pyquant.load_gguf needs the `gguf` package: pip install gguf") from e
+        raise ImportError("pyquant.load_gguf needs the `gguf` package: "
+                          "pip install 'pyquant[gguf]' (or pip install gguf)") from e
     return gguf
 
 
@@ -127,14 +129,16 @@ def _quantized_weight(fmt: str, data: np.ndarray, shape: tuple[int, ...]):
     return w
 
 
-def load_gguf(path: str | os.PathLike, strict: bool = False) -> Checkpoint:
+def load_gguf(path: str | os.PathLike, strict: bool = False, progress: bool | None = None) -> Checkpoint:
     """Load every tensor of a .gguf file.
 
     Quantized tensors of a registered format become pyquant weights (GGUFWeight, or
     MXFP4Weight for GGML's MXFP4, repacked to the OCP layout); float and integer tensors
     become numpy arrays (BF16 as ml_dtypes.bfloat16), views of the memory-mapped file.
     A tensor of any other GGML type is recorded in `Checkpoint.unsupported` with its type
-    and the reason, never raised on (strict=True raises ValueError instead)."""
+    and the reason, never raised on (strict=True raises ValueError instead).
+    progress: a line on stderr while the tensors are read (the MXFP4 repack copies every
+    byte); None shows it on a terminal for files of 256 MiB and more (pyquant.progress)."""
     path = os.fspath(path)
     gguf = _gguf()
     _T = gguf.GGMLQuantizationType
@@ -146,6 +150,8 @@ def load_gguf(path: str | os.PathLike, strict: bool = False) -> Checkpoint:
         raise ValueError(f"{path}: the gguf package cannot read it: {type(e).__name__}: {e}") from None
     by_type = gguf_type_to_format()
     ckpt = Checkpoint(path=path, container="gguf", metadata=_metadata(reader))
+    bar = _progress.for_work(sum(int(t.n_bytes) for t in reader.tensors),
+                             f"load_gguf {os.path.basename(path)}", progress)
     for t in reader.tensors:
         qtype = _T(int(t.tensor_type))
         shape = _numpy_shape(t)
@@ -170,6 +176,8 @@ def load_gguf(path: str | os.PathLike, strict: bool = False) -> Checkpoint:
             ckpt.unsupported[t.name] = (
                 f"GGML type {qtype.name} ({int(qtype)}) {list(shape)} has no pyquant format "
                 f"(supported quantized types: {known})")
+        bar.step(t.name, int(t.n_bytes))
+    bar.close()
     if strict and ckpt.unsupported:
         name, why = next(iter(ckpt.unsupported.items()))
         raise ValueError(f"{name}: {why}")

@@ -23,6 +23,7 @@ import os
 
 import numpy as np
 
+from .. import progress as _progress
 from .checkpoint import Checkpoint
 
 _AWQ_GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
@@ -156,7 +157,8 @@ def _files(path: str) -> list[str]:
     return [path]
 
 
-def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoint:
+def load_safetensors(path: str | os.PathLike, strict: bool = False,
+                     progress: bool | None = None) -> Checkpoint:
     """Load a .safetensors file (or every *.safetensors file of a directory).
 
     Recognised quantized layers become canonical pyquant weights named `X.weight` (AWQ,
@@ -165,12 +167,14 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
     it), so listing or loading a checkpoint reads only the tensors used. A tensor whose
     dtype numpy cannot hold (FP8, ...) is listed in `Checkpoint.unsupported`. A layer that cannot be loaded (act-order GPTQ, another bit
     width, a zero point that does not fit 4 bits, ...) is recorded in
-    `Checkpoint.unsupported` with the reason, or raised as ValueError when strict=True."""
+    `Checkpoint.unsupported` with the reason, or raised as ValueError when strict=True.
+    progress: a line on stderr while the quantized layers are converted (AWQ and GPTQ are
+    repacked, a copy of every byte); None shows it on a terminal for 256 MiB and more."""
     try:
         from safetensors import safe_open
     except ImportError as e:
         raise ImportError("pyquant.load_safetensors needs the `safetensors` package: "
-                          "pip install safetensors") from e
+                          "pip install 'pyquant[safetensors]' (or pip install safetensors)") from e
     path = os.fspath(path)
     files = _files(path)
     arrays: dict[str, np.ndarray] = {}
@@ -216,7 +220,10 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
             prefix = name[: -len("_blocks")]
             groups.append((prefix, prefix, [name, f"{prefix}_scales"], "gpt-oss mxfp4"))
 
+    bar = _progress.for_work(sum(arrays[m].nbytes for g in groups for m in g[2]),
+                             f"load_safetensors {os.path.basename(os.path.normpath(path))}", progress)
     for out_name, prefix, members, convention in groups:
+        bar.step(out_name, sum(arrays[m].nbytes for m in members))
         used.update(members)
         try:
             if convention == "awq/gptq":
@@ -239,6 +246,7 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
         ckpt.tensors[out_name] = weight
         ckpt.source[out_name] = convention
 
+    bar.close()
     for name, arr in arrays.items():
         if name not in used:
             ckpt.tensors[name] = arr
