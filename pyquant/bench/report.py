@@ -18,9 +18,11 @@ ROW_FIELDS = ("family", "format", "variant", "m", "n", "k", "median_us", "GBps",
               "roofline_pct", "reproducible", "peers")
 
 
-def make_row(case: C.Case, seconds: float, machine: R.Machine, reproducible: bool,
+def make_row(case: C.Case, seconds: float, machine: R.Machine, reproducible: bool | None,
              peers_s: dict[str, float] | None = None) -> dict:
-    """One golden-schema row (DESIGN.md): times in microseconds, peers too."""
+    """One golden-schema row (DESIGN.md): times in microseconds, peers too. reproducible
+    is None for a single measurement (a run, or compare's current time): not checked,
+    which is neither reproducible nor not (golden.load takes it as untrusted)."""
     nbytes, flops = C.case_bytes(case), C.case_flops(case)
     return {
         "family": case.family, "format": case.format, "variant": case.variant,
@@ -29,7 +31,7 @@ def make_row(case: C.Case, seconds: float, machine: R.Machine, reproducible: boo
         "GBps": round(nbytes / seconds / 1e9, 1),
         "TFLOPs": round(flops / seconds / 1e12, 3),
         "roofline_pct": round(R.roofline_pct(nbytes, flops, seconds, machine.copy_Bps, machine.flop_peak), 1),
-        "reproducible": bool(reproducible),
+        "reproducible": None if reproducible is None else bool(reproducible),
         "peers": {name: round(t * 1e6, 3) for name, t in sorted((peers_s or {}).items())},
     }
 
@@ -198,6 +200,14 @@ def save_plot(rows: list[dict], path, machine_title: str) -> None:
     plt.close(fig)
 
 
+def _repro_note(repeats: int) -> str:
+    if repeats > 1:
+        return (f"reproducible: the {repeats} measurements of an entry agree within the noise "
+                "band (record mode)")
+    return ("reproducible: not checked, every entry is one measurement "
+            "(python -m pyquant bench --record measures each case several times)")
+
+
 def write_html(path, doc: dict, header: list[str], extra_text: str = "") -> None:
     """One page: the measurement header, the plot (when matplotlib is there) and the table."""
     rows = doc["rows"]
@@ -210,10 +220,12 @@ def write_html(path, doc: dict, header: list[str], extra_text: str = "") -> None
         plt.close(fig)
         img = f'<img alt="roofline and time against M" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
     cols = [f for f in ROW_FIELDS if f != "peers"]
+    checked = {True: "yes", False: "no", None: "not checked"}
     thead = "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "<th>peers (us, peer/ours)</th>"
     trs = []
     for r in rows:
-        tds = "".join(f"<td>{html.escape(str(r[c]))}</td>" for c in cols)
+        tds = "".join(f"<td>{html.escape(checked[r[c]] if c == 'reproducible' else str(r[c]))}</td>"
+                      for c in cols)
         tds += f"<td>{html.escape(_peer_text(r))}</td>"
         trs.append(f"<tr>{tds}</tr>")
     page = f"""<!doctype html>
@@ -224,6 +236,7 @@ td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}} pre{{background:
 <h1>pyquant bench: {html.escape(doc['device'])}</h1>
 <pre>{html.escape(chr(10).join(header))}
 noise band: {doc['noise_band'] * 100:.1f} %, measurements per entry: {doc['repeats']}, date: {html.escape(doc['date'])}
+{_repro_note(doc['repeats'])}
 {html.escape(doc.get('build', ''))}</pre>
 {f'<pre>{html.escape(extra_text)}</pre>' if extra_text else ''}
 {img}
