@@ -3,30 +3,47 @@
 Where an operation runs follows from where its operands live:
   - numpy operands -> the CPU context (CPU tier), numpy result;
   - pyquant DeviceArrays -> their context, DeviceArray result;
-  - foreign device arrays (__cuda_array_interface__: CuPy, torch, Numba) -> the GPU
-    context (`ctx` or pyquant.gpu_context()), DeviceArray result unless `out` is given.
+  - foreign device arrays (__cuda_array_interface__ first, else __dlpack__: CuPy, torch,
+    JAX, Numba) -> the GPU context (`ctx` or pyquant.gpu_context()), DeviceArray result
+    unless `out` is given;
+  - foreign host arrays with __dlpack__ (a torch CPU tensor, a JAX CPU array) -> the CPU
+    context, a host DeviceArray result (it exports __dlpack__: torch.from_dlpack(y)).
 Host and device operands are never mixed silently: nothing is copied behind the
 caller's back, a mix-up is an InvalidArgumentError naming the operands.
 
+Activations are [..., K] like every framework's linear layer: the leading axes are the
+rows M of the C call (they must collapse into evenly spaced rows in place, which numpy
+arrays are copied to when they do not) and the result is [..., N].
+
 When `stream` is None and x carries a CAI v3 stream, the launch goes on that stream, so
-the kernels are ordered after the producer's work without a device-wide sync.
+the kernels are ordered after the producer's work without a device-wide sync. DLPack
+operands are handed the launch stream (None: the legacy default stream), on which their
+producer orders its own work.
 """
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import Any
 
 import numpy as np
 
 from . import _lib
+from . import dlpack as _dlpack
 from . import formats as _formats
+from . import progress as _progress
 from .formats import mxfp4 as _mxfp4
-from ._lib import Activation, DType, GateUpLayout
+from ._lib import Activation, DType, GateUpLayout, QuantGemmError
 from .device import (Context, DeviceArray, DeviceView, _err, as_dtype, cpu_context, dtype_name,
                      gpu_context, qg_dtype_of, stream_handle)
 from .weights import GGUFWeight, Int4Weight, MXFP4Weight, SCALE_QG_DTYPE, _format_spec, _require_contiguous
 
 _ACT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), as_dtype("bfloat16"))
+# What each entry point takes as activations (x), as the library checks it: the text of a
+# refusal names the set of the entry point at hand, never a dtype it would then refuse.
+_X_DTYPES_TEXT = {Int4Weight: "float16 or bfloat16 (W4A16)",
+                  GGUFWeight: "float16, bfloat16 or float32 (GGUF)",
+                  MXFP4Weight: "float16, bfloat16 or float32 (MXFP4)"}
 
 
 def formats() -> list[str]:
@@ -42,19 +59,25 @@ def build_info() -> str:
 
 # ---------------------------------------------------------------- constructors
 
-def quantize(W: np.ndarray, fmt: str, **kw):
+def quantize(W: np.ndarray, fmt: str, progress: bool | None = None, **kw):
     """Reference quantizer (numpy) for every format.
 
     int4: kw group_size=128, symmetric=False, scale_dtype="bf16" -> Int4Weight;
-    GGUF formats -> GGUFWeight; mxfp4 -> MXFP4Weight (W [N, K] or stacked [E, N, K])."""
+    GGUF formats -> GGUFWeight; mxfp4 -> MXFP4Weight (W [N, K] or stacked [E, N, K]).
+    progress: a line on stderr while a large W is quantized (in slices of rows, which
+    gives the same bits: every format quantizes each row on its own); None shows it on a
+    terminal for 256 MiB of W and more (pyquant.progress)."""
     spec = _format_spec(fmt)
     W = np.asarray(W)
     if spec.kind == "int4":
         group_size = kw.get("group_size", 128)
         try:
-            qweight, scales, qzeros = spec.module.quantize(W, **kw)
+            parts = _by_rows(W, lambda part: spec.module.quantize(part, **kw), progress, spec.name,
+                             row_multiple=8)  # qzeros pack 8 rows per word
         except (ValueError, TypeError) as e:
             raise _err(str(e)) from None
+        qweight, scales = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
+        qzeros = None if parts[0][2] is None else np.concatenate([p[2] for p in parts])
         return Int4Weight(qweight, scales, qzeros, group_size)
     if kw:
         raise _err(f"quantize({spec.name!r}) takes no options, got {sorted(kw)}")
@@ -63,16 +86,44 @@ def quantize(W: np.ndarray, fmt: str, **kw):
             raise _err(f"W must be [N, K] or stacked [E, N, K] with no empty axis for mxfp4, "
                        f"got shape {W.shape}")
         try:
-            return MXFP4Weight(*spec.module.quantize(W))
+            parts = _by_rows(W, spec.module.quantize, progress, spec.name)
         except (ValueError, TypeError) as e:
             raise _err(str(e)) from None
+        return MXFP4Weight(*(np.concatenate([p[i] for p in parts]) for i in (0, 1)))
     if W.ndim != 2 or 0 in W.shape:
         raise _err(f"W must be 2-D [N, K] with N, K > 0 for {spec.name}, got shape {W.shape}")
     try:
-        raw = spec.module.quantize(W.astype(np.float32))
+        parts = _by_rows(W, lambda part: spec.module.quantize(part.astype(np.float32)), progress,
+                         spec.name)
     except (ValueError, TypeError) as e:
         raise _err(str(e)) from None
-    return GGUFWeight(spec.name, raw, shape=W.shape)
+    return GGUFWeight(spec.name, np.concatenate(parts), shape=W.shape)
+
+
+# Rows per slice of a quantize() that shows progress: about 64 MiB of float32 W each.
+_QUANTIZE_SLICE_BYTES = 64 << 20
+
+
+def _by_rows(W: np.ndarray, quantize_rows, progress, name: str, row_multiple: int = 1) -> list:
+    """quantize_rows over slices of W's first axis (one slice when no progress is shown,
+    or when the rows do not split into multiples of row_multiple: the quantizer then
+    names the condition itself)."""
+    bar = _progress_for(W.size * 4, f"quantize {name} {list(W.shape)}", progress)
+    row_bytes = max(1, W[0].size * 4) if W.shape[0] else 1
+    rows = max(row_multiple, _QUANTIZE_SLICE_BYTES // row_bytes // row_multiple * row_multiple)
+    if bar is None or W.shape[0] % row_multiple:
+        return [quantize_rows(W)]
+    parts = []
+    for r0 in range(0, W.shape[0], rows):
+        parts.append(quantize_rows(W[r0:r0 + rows]))
+        bar.step(f"rows {r0}..{min(r0 + rows, W.shape[0])}", W[r0:r0 + rows].size * 4)
+    bar.close()
+    return parts
+
+
+def _progress_for(nbytes: int, title: str, progress):
+    bar = _progress.for_work(nbytes, title, progress)
+    return None if isinstance(bar, _progress._Silent) else bar
 
 
 def from_gguf(fmt: str, raw, shape=None):
@@ -130,10 +181,21 @@ def _needs_copy(a: np.ndarray) -> bool:
     return rs < 0 or not a.flags.aligned
 
 
-def _operand(obj: Any, name: str, allow_copy: bool = True) -> DeviceView:
+def _foreign(obj: Any, name: str, stream=None):
+    """An object with __dlpack__ and no __cuda_array_interface__ (torch CPU tensors, JAX,
+    a CuPy array seen through DLPack) as a numpy array (host memory) or DeviceView
+    (device memory); anything else unchanged."""
+    if isinstance(obj, (np.ndarray, DeviceArray, DeviceView)) or \
+            hasattr(obj, "__cuda_array_interface__") or not hasattr(obj, "__dlpack__"):
+        return obj
+    return _dlpack.import_array(obj, name, stream)
+
+
+def _operand(obj: Any, name: str, allow_copy: bool = True, stream=None) -> DeviceView:
     """DeviceView of an operand. numpy arrays the C ABI cannot take as they are
     (_needs_copy) are copied (host, harmless) when allow_copy; outputs never are (the
-    result would land in the copy)."""
+    result would land in the copy). `stream`: the launch's, for DLPack producers."""
+    obj = _foreign(obj, name, stream)
     if isinstance(obj, DeviceView):
         return obj
     if isinstance(obj, DeviceArray):
@@ -152,7 +214,60 @@ def _operand(obj: Any, name: str, allow_copy: bool = True) -> DeviceView:
     if hasattr(obj, "__cuda_array_interface__"):
         return DeviceView.from_object(obj, name)
     raise _err(f"{name} must be a numpy array, a pyquant.DeviceArray or an object with "
-               f"__cuda_array_interface__; got {type(obj).__name__}")
+               f"__cuda_array_interface__ or __dlpack__; got {type(obj).__name__}")
+
+
+def _rows(obj: Any, name: str, axis: str, allow_copy: bool = True, stream=None):
+    """(2-D DeviceView [M, last], leading shape) of an operand [..., last]: M is the
+    product of the leading axes (1 for a vector). numpy arrays are reshaped (a copy where
+    the axes do not collapse, inputs only); other memory must collapse in place."""
+    obj = _foreign(obj, name, stream)
+    v = None if isinstance(obj, np.ndarray) else _operand(obj, name, allow_copy, stream)
+    shape = tuple(obj.shape if v is None else v.shape)
+    if len(shape) == 0:
+        raise _err(f"{name} must have at least one axis [..., {axis}], got a 0-d array")
+    lead, last = shape[:-1], int(shape[-1])
+    rows = math.prod(lead)
+    if v is None:
+        if allow_copy:
+            flat = obj.reshape(rows, last)
+        else:
+            flat = obj.view()
+            try:
+                flat.shape = (rows, last)  # raises where reshape would have to copy
+            except AttributeError:
+                raise _err(f"{name} has shape {shape} and strides {obj.strides} bytes: its leading "
+                           f"axes do not collapse into rows [{rows}, {last}] in place, and it is "
+                           "written in place, not copied") from None
+        if not allow_copy and not obj.flags.writeable:
+            raise _err(f"{name} is a read-only array")
+        return _operand(flat, name, allow_copy), lead
+    if not allow_copy and v.read_only:
+        raise _err(f"{name} is read-only memory (its producer flagged it so)")
+    return _collapse_rows(v, name, rows, last), lead
+
+
+def _collapse_rows(v: DeviceView, name: str, rows: int, last: int) -> DeviceView:
+    """The [rows, last] view of a [..., last] DeviceView: its leading axes must step by
+    one row stride (each axis's stride = the next axis's extent x its stride; extent-1
+    axes do not count), since the C ABI takes one row stride and device memory is never
+    copied behind the caller's back."""
+    if len(v.shape) == 2:
+        return v
+    it = v.dtype.itemsize
+    lead = [(n, st) for n, st in zip(v.shape[:-1], v.strides[:-1]) if n != 1]
+    col_stride = v.strides[-1]
+    row_stride = lead[-1][1] if lead else last * it
+    for (_, outer), (n_in, inner) in zip(lead, lead[1:]):
+        if outer != n_in * inner:
+            raise _err(f"{name} has shape {v.shape} and strides {v.strides} bytes: its leading "
+                       f"axes do not collapse into evenly spaced rows [{rows}, {last}], which the "
+                       "C ABI needs (one row stride) and device memory is not copied for: pass "
+                       "a contiguous array (x.contiguous(), cupy.ascontiguousarray)")
+    out = DeviceView(v.ptr, (rows, last), v.dtype, (row_stride, col_stride), ctx=v.ctx,
+                     on_device=v.on_device, owner=v, stream=v.stream)
+    out.device, out.read_only = v.device, v.read_only
+    return out
 
 
 def _weight_operands(w) -> dict:
@@ -182,6 +297,12 @@ def _pick_context(operands: dict, ctx: Context | None) -> Context:
         chosen = chosen or gpu_context()
         if not chosen.is_gpu:
             raise _err(f"{', '.join(dev)} in device memory but ctx is a {chosen.backend} context")
+        for n in dev:  # DLPack says which device; __cuda_array_interface__ does not
+            where = operands[n].device
+            if where is not None and where != (chosen.backend, chosen.device):
+                raise _err(f"{n} lives on {where[0]}:{where[1]} but the call runs on "
+                           f"{chosen.backend}:{chosen.device} ({chosen!r}); pass ctx=pyquant."
+                           f"Context({where[0]!r}, {where[1]}) or move it")
         return chosen
     chosen = chosen or cpu_context()
     if chosen.is_gpu:
@@ -205,9 +326,12 @@ def _ld(v: DeviceView, name: str) -> int:
     return v.strides[0] // it
 
 
-def _act_dtype(v: DeviceView, name: str) -> DType:
+def _act_dtype(v: DeviceView, name: str, valid: str = "float32, float16 or bfloat16") -> DType:
+    """qg_dtype of an activation or output; `valid` says what the entry point at hand
+    takes (dtypes of the float set it refuses, such as fp32 for W4A16, are left to the
+    library, whose sentence names them)."""
     if v.dtype not in _ACT_DTYPES:
-        raise _err(f"{name} has dtype {dtype_name(v.dtype)}; expected float16, bfloat16 or float32")
+        raise _err(f"{name} has dtype {dtype_name(v.dtype)}; expected {valid}")
     return qg_dtype_of(v.dtype)
 
 
@@ -221,22 +345,35 @@ def _launch_stream(stream, x: DeviceView):
 
 
 def _result_array(like_numpy: bool, shape, dtype, ctx: Context):
+    """numpy for numpy x; else a DeviceArray in ctx (host memory on a CPU context), which
+    exports __dlpack__ (and __cuda_array_interface__ on a GPU)."""
     if like_numpy:
         return np.empty(shape, dtype=dtype)
     return DeviceArray.empty(shape, dtype, ctx=ctx)
 
 
-def _output(out, shape, out_dtype, default_dtype):
-    """(view of `out`, dtype) when out is given, else (None, dtype of the result)."""
+def _out_dtype(out_dtype, valid: str) -> np.dtype:
+    try:
+        dt = as_dtype(out_dtype)
+    except QuantGemmError:
+        dt = None
+    if dt is None or dt not in _ACT_DTYPES:
+        shown = dtype_name(dt) if dt is not None else repr(out_dtype)
+        raise _err(f"out_dtype {shown} is not {valid}")
+    return dt
+
+
+def _output(out, lead, n, out_dtype, default_dtype, valid: str, stream=None):
+    """(2-D view [M, n] of `out`, dtype) when out is given (shape lead + (n,)), else
+    (None, dtype of the result). `valid` names the output dtypes of the entry point."""
+    want = tuple(lead) + (n,)
     if out is None:
-        dt = as_dtype(out_dtype) if out_dtype is not None else default_dtype
+        dt = _out_dtype(out_dtype, valid) if out_dtype is not None else default_dtype
         return None, dt
-    v = _operand(out, "out", allow_copy=False)
-    if isinstance(out, np.ndarray) and not out.flags.writeable:
-        raise _err("out is a read-only numpy array")
-    if tuple(v.shape) != tuple(shape):
-        raise _err(f"out has shape {tuple(v.shape)}, expected {tuple(shape)}")
-    if out_dtype is not None and as_dtype(out_dtype) != v.dtype:
+    v, out_lead = _rows(out, "out", "N", allow_copy=False, stream=stream)
+    if tuple(out_lead) + (v.shape[1],) != want:
+        raise _err(f"out has shape {tuple(out_lead) + (v.shape[1],)}, expected {want}")
+    if out_dtype is not None and _out_dtype(out_dtype, valid) != v.dtype:
         raise _err(f"out has dtype {dtype_name(v.dtype)} but out_dtype={dtype_name(as_dtype(out_dtype))}")
     return v, v.dtype
 
@@ -248,11 +385,14 @@ def _ptr(v: DeviceView | None):
 # ---------------------------------------------------------------- gemm
 
 def gemm(x, w, out=None, out_dtype=None, ctx: Context | None = None, stream=None):
-    """y[M, N] = x[M, K] @ dequant(w)[N, K]^T (+ w.bias for MXFP4).
+    """y[..., N] = x[..., K] @ dequant(w)[N, K]^T (+ w.bias for MXFP4).
 
-    x: numpy (CPU tier) or device array, fp16 / bf16 (fp32 for GGUF and MXFP4). y has the
-    dtype of x unless out_dtype (e.g. np.float32) or `out` says otherwise; `out` may be
-    any row-strided [M, N] array in the same place as x (its row stride becomes ldy)."""
+    x: numpy (CPU tier), a host or device array with __dlpack__ (torch, JAX, CuPy), a
+    __cuda_array_interface__ object or a DeviceArray; fp16 / bf16 (fp32 too for GGUF and
+    MXFP4). y has the dtype of x, or float32 (out_dtype=np.float32); `out` may be any
+    array of shape [..., N] in the same place as x whose rows are evenly spaced (their
+    stride becomes ldy). numpy x gives a numpy y, anything else a DeviceArray (which
+    torch.from_dlpack(y) takes without a copy)."""
     call = _GemmCall(x, w, out, out_dtype, ctx, stream)
     _run(call.ctx, call.args, call.query, call.launch, call.stream)
     _mark_stream(call.result, call.stream)
@@ -310,27 +450,25 @@ class _GemmCall:
         if isinstance(w, MXFP4Weight) and len(w.shape) != 2:
             raise _err(f"w holds stacked experts {w.shape}; dense gemm needs an [N, K] weight "
                        "(use pyquant.moe for experts)")
-        xv = _operand(x, "x")
-        if len(xv.shape) != 2:
-            raise _err(f"x must be 2-D [M, K], got shape {tuple(xv.shape)}")
+        xv, lead = _rows(x, "x", "K", stream=stream_handle(stream))
         m, k = xv.shape
         n, wk = w.shape
         if k != wk:
             raise _err(f"x has K={k} columns but the weight has K={wk} (w.shape = {w.shape})")
-        x_dt = _act_dtype(xv, "x")
+        what = f"pyquant.gemm with a {w.format} weight"
+        x_dt = _act_dtype(xv, "x", f"{_X_DTYPES_TEXT[type(w)]} for {what}")
+        s = _launch_stream(stream, xv)
+        y_valid = f"x's dtype ({dtype_name(xv.dtype)}) or float32, what {what} writes"
         ops = {"x": xv, **_weight_operands(w)}
-        yv, y_np_dtype = _output(out, (m, n), out_dtype, xv.dtype)
+        yv, y_np_dtype = _output(out, lead, n, out_dtype, xv.dtype, y_valid, stream=s)
         if yv is not None:
             ops["out"] = yv
         c = _pick_context(ops, ctx)
         result = out
         if yv is None:
-            if y_np_dtype not in _ACT_DTYPES:
-                raise _err(f"out_dtype {dtype_name(y_np_dtype)} is not float32, float16 or bfloat16")
-            result = _result_array(isinstance(x, np.ndarray), (m, n), y_np_dtype, c)
-            yv = _operand(result, "out", allow_copy=False)
-        y_dt = _act_dtype(yv, "out")
-        s = _launch_stream(stream, xv)
+            result = _result_array(isinstance(x, np.ndarray), tuple(lead) + (n,), y_np_dtype, c)
+            yv, _ = _rows(result, "out", "N", allow_copy=False)
+        y_dt = _act_dtype(yv, "out", y_valid)
         ldx, ldy = _ld(xv, "x"), _ld(yv, "out")
 
         if isinstance(w, Int4Weight):
@@ -391,10 +529,14 @@ def default_tile_m(num_tokens: int, top_k: int, num_experts: int) -> int:
     return 16 if few_rows else 32 if rows_per_expert <= 64 else 64
 
 
-def _index_operand(a, name: str, dtype, kind: str) -> DeviceView:
-    """View of topk_ids / topk_weights; numpy of another int/float width is converted
-    (host, cheap), device arrays must already have the kernel's dtype."""
+def _index_operand(a, name: str, dtype, kind: str, stream=None) -> DeviceView:
+    """View [T, top_k] of topk_ids / topk_weights [..., top_k]; numpy of another int/float
+    width is converted (host, cheap), device arrays must already have the kernel's dtype."""
+    a = _foreign(a, name, stream)
     if isinstance(a, np.ndarray):
+        if a.ndim == 0:
+            raise _err(f"{name} must be [..., top_k], got a 0-d array")
+        a = a.reshape(-1, a.shape[-1])
         if a.dtype.kind not in kind:
             raise _err(f"{name} has dtype {a.dtype}; expected {np.dtype(dtype).name}")
         if a.dtype.kind in "iu" and a.size:
@@ -404,13 +546,27 @@ def _index_operand(a, name: str, dtype, kind: str) -> DeviceView:
                 bad = lo if lo < info.min else hi
                 raise _err(f"{name} holds {bad}, outside {np.dtype(dtype).name} (the kernels' index type)")
         return _operand(np.ascontiguousarray(a, dtype=dtype), name)
-    v = _operand(a, name)
+    v = _operand(a, name, stream=stream)
     if v.dtype != np.dtype(dtype):
         raise _err(f"{name} has dtype {dtype_name(v.dtype)}; the kernels read "
                    f"{np.dtype(dtype).name} (convert it before the call)")
     if not v.is_c_contiguous():
-        raise _err(f"{name} must be C-contiguous [T, top_k]")
+        raise _err(f"{name} must be C-contiguous [..., top_k]")
+    if len(v.shape) != 2 and len(v.shape) > 0:
+        rows = math.prod(v.shape[:-1])
+        flat = DeviceView(v.ptr, (rows, v.shape[-1]), v.dtype, None, ctx=v.ctx,
+                          on_device=v.on_device, owner=v, stream=v.stream)
+        flat.device = v.device
+        return flat
     return v
+
+
+def _bias_operand(b, name: str, stream):
+    """A bias view (the C ABI takes biases without a row stride: numpy ones are made
+    contiguous, others must be)."""
+    if b is None:
+        return None
+    return _operand(_require_contiguous(_foreign(b, name, stream), name), name, stream=stream)
 
 
 def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
@@ -421,9 +577,11 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
     stage 2 (down GEMM + top-k weighted sum). The stage-1 activation buffer
     act [T*top_k, I] (dtype of x) and the align buffers are allocated here, next to x.
 
-    x [T, H]; topk_ids [T, top_k] int32; topk_weights [T, top_k] float32;
-    w13 experts [E, 2I, H/32, 16]; w2 experts [E, H, I/32, 16]; biases [E, 2I] / [E, H]
-    (default: the weights' own .bias). Returns y [T, H] in the dtype of x (or out_dtype)."""
+    x [..., H] (T = the product of the leading axes); topk_ids [..., top_k] int32 and
+    topk_weights [..., top_k] float32 with T rows; w13 experts [E, 2I, H/32, 16]; w2
+    experts [E, H, I/32, 16]; biases [E, 2I] / [E, H] (default: the weights' own .bias).
+    Operands may be numpy, DeviceArrays, or __dlpack__ / __cuda_array_interface__ objects
+    (gemm's rules). Returns y [..., H] in the dtype of x (or out_dtype)."""
     for w, name in ((w13, "w13"), (w2, "w2")):
         if not isinstance(w, MXFP4Weight) or len(w.shape) != 3:
             raise _err(f"{name} must be an MXFP4Weight of stacked experts [E, N, K/32, 16], got "
@@ -432,9 +590,7 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
         raise _err(f"activation={activation!r} is not one of {sorted(_ACTIVATIONS)}")
     if gate_up_layout not in _LAYOUTS:
         raise _err(f"gate_up_layout={gate_up_layout!r} is not one of {sorted(_LAYOUTS)}")
-    xv = _operand(x, "x")
-    if len(xv.shape) != 2:
-        raise _err(f"x must be 2-D [T, H], got shape {tuple(xv.shape)}")
+    xv, lead = _rows(x, "x", "H", stream=stream_handle(stream))
     t, h = xv.shape
     e, two_i, h13 = w13.shape
     if h13 != h:
@@ -443,19 +599,23 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
     if w2.shape != (e, h, inter):
         raise _err(f"w2 has shape {w2.shape}, expected (E, H, I) = ({e}, {h}, {inter}) "
                    f"from w13 {w13.shape}")
-    x_dt = _act_dtype(xv, "x")
-    idv = _index_operand(topk_ids, "topk_ids", np.int32, "iu")
-    wtv = _index_operand(topk_weights, "topk_weights", np.float32, "f")
+    float_text = "float32, float16 or bfloat16 (pyquant.moe)"
+    x_dt = _act_dtype(xv, "x", float_text)
+    s = _launch_stream(stream, xv)
+    idv = _index_operand(topk_ids, "topk_ids", np.int32, "iu", s)
+    wtv = _index_operand(topk_weights, "topk_weights", np.float32, "f", s)
     if len(idv.shape) != 2 or idv.shape[0] != t:
-        raise _err(f"topk_ids has shape {tuple(idv.shape)}, expected (T, top_k) with T={t}")
+        raise _err(f"topk_ids has {idv.shape[0] if len(idv.shape) == 2 else 'no'} rows of top_k "
+                   f"(shape {tuple(getattr(topk_ids, 'shape', ()))}), expected [..., top_k] with "
+                   f"T={t} rows, one per token of x {tuple(lead) + (h,)}")
     top_k = idv.shape[1]
     if tuple(wtv.shape) != tuple(idv.shape):
         raise _err(f"topk_weights has shape {tuple(wtv.shape)}, expected {tuple(idv.shape)}")
     b13 = w13_bias if w13_bias is not None else w13.bias
     b2 = w2_bias if w2_bias is not None else w2.bias
     # the C ABI takes biases without a row stride: numpy ones are made contiguous
-    b13v = _operand(_require_contiguous(b13, "w13_bias"), "w13_bias") if b13 is not None else None
-    b2v = _operand(_require_contiguous(b2, "w2_bias"), "w2_bias") if b2 is not None else None
+    b13v = _bias_operand(b13, "w13_bias", s)
+    b2v = _bias_operand(b2, "w2_bias", s)
     for bv, name, shape in ((b13v, "w13_bias", (e, two_i)), (b2v, "w2_bias", (e, h))):
         if bv is not None and tuple(bv.shape) != shape:
             raise _err(f"{name} has shape {tuple(bv.shape)}, expected {shape}")
@@ -467,18 +627,16 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
         ops["w13_bias"] = b13v
     if b2v is not None:
         ops["w2_bias"] = b2v
-    yv, y_np_dtype = _output(out, (t, h), out_dtype, xv.dtype)
+    yv, y_np_dtype = _output(out, lead, h, out_dtype, xv.dtype, "float32, float16 or bfloat16",
+                             stream=s)
     if yv is not None:
         ops["out"] = yv
-    elif y_np_dtype not in _ACT_DTYPES:
-        raise _err(f"out_dtype {dtype_name(y_np_dtype)} is not float32, float16 or bfloat16")
     c = _pick_context(ops, ctx)
     numpy_result = isinstance(x, np.ndarray)
     result = out
     if yv is None:
-        result = _result_array(numpy_result, (t, h), y_np_dtype, c)
-        yv = _operand(result, "out", allow_copy=False)
-    s = _launch_stream(stream, xv)
+        result = _result_array(numpy_result, tuple(lead) + (h,), y_np_dtype, c)
+        yv, _ = _rows(result, "out", "H", allow_copy=False)
     tm = int(tile_m) if tile_m is not None else default_tile_m(t, top_k, e)
 
     max_sorted, max_tiles = ctypes.c_int64(), ctypes.c_int64()
@@ -516,7 +674,7 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
         num_sorted=_ptr(nv), w2_blocks=_ptr(w2o["w.blocks"]), w2_scales=_ptr(w2o["w.scales"]),
         w2_bias=_ptr(b2v),
         bias_dtype=qg_dtype_of(b2v.dtype) if b2v is not None else DType.QG_DTYPE_F32,
-        topk_weights=_ptr(wtv), y_dtype=_act_dtype(yv, "out"), y=_ptr(yv),
+        topk_weights=_ptr(wtv), y_dtype=_act_dtype(yv, "out", float_text), y=_ptr(yv),
         ldy=_ld(yv, "out"))), s)
     _mark_stream(result, s)
     return result

@@ -421,6 +421,8 @@ class DeviceView(_Shaped):
         self.on_device = on_device
         self.owner = owner
         self.stream = stream
+        self.device = None      # (backend, index) when the producer said (DLPack), else unknown
+        self.read_only = False  # the producer marked the memory read-only (DLPack 1.0 flag)
 
     @classmethod
     def from_pointer(cls, ptr: int, shape, dtype, strides=None, ctx: Context | None = None,
@@ -649,6 +651,62 @@ class DeviceArray(_Shaped):
             raise AttributeError("a DeviceArray of a CPU context holds host memory and has no "
                                  "__cuda_array_interface__")
         return _cai(self.ptr, self.shape, self.dtype, None, self._cai_stream())
+
+    # -- DLPack (torch.from_dlpack(y), jax.dlpack, cupy.from_dlpack, np.from_dlpack)
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from . import dlpack
+        if not self.ctx.is_gpu:
+            return dlpack.KDL_CPU, 0
+        return (dlpack.KDL_ROCM if self.ctx.backend == "hip" else dlpack.KDL_CUDA), self.ctx.device
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule of this memory (no copy); the array stays alive until the
+        consumer releases it. `stream` is the consumer's (array API): the work that wrote
+        the array is made visible there first; a host array takes stream None only."""
+        from . import dlpack
+        self._live("__dlpack__")
+        device = self.__dlpack_device__()
+        if dl_device is not None and tuple(int(v) for v in dl_device) != device:
+            raise BufferError(f"dl_device={tuple(dl_device)}: this array lives on {device} "
+                              "and is exported without a copy")
+        if copy:
+            raise BufferError("copy=True: a DeviceArray exports its own memory only (copy=None or False)")
+        if not self.ctx.is_gpu:
+            if stream not in (None, -1):
+                raise BufferError(f"stream={stream!r}: host memory takes stream=None")
+        else:
+            self._order_before(stream, device[0] == dlpack.KDL_ROCM)
+        return dlpack.export_capsule(self.ptr, self.shape, self.dtype, self.strides, device, self,
+                                     dlpack.wants_versioned(max_version))
+
+    def _order_before(self, stream, rocm: bool) -> None:
+        """Makes the launch that wrote this array visible on the consumer's `stream`. There
+        is no stream-wait-event in the ABI, so a different stream is ordered by waiting on
+        the host for the writer's stream (only when a launch wrote the array since it was
+        last synchronised)."""
+        if stream == -1 or not self.written_async:
+            return
+        legacy = 0 if rocm else 1
+        consumer = legacy if stream is None else int(stream)
+        writer = legacy if self.stream is None else int(self.stream)
+        if consumer != writer:
+            self.ctx.synchronize(self.stream)
+
+    def __array__(self, dtype=None, copy=None):
+        """numpy view of a CPU context's (host) array, without a copy: np.asarray(y).
+        Device memory has no host view: use to_numpy()."""
+        self._live("__array__")
+        if self.ctx.is_gpu:
+            raise TypeError("a DeviceArray of a GPU context is device memory; copy it with "
+                            ".to_numpy() (or hand it over with torch.from_dlpack / cupy.asarray)")
+        from . import dlpack
+        arr = dlpack._host_array(self.ptr, self.shape, self.dtype, self.strides, self, False) \
+            if self.nbytes else np.empty(self.shape, self.dtype)
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            if copy is False:
+                raise ValueError(f"__array__: dtype {dtype} needs a copy of {dtype_name(self.dtype)}")
+            return arr.astype(dtype)
+        return arr.copy() if copy else arr
 
     def _cai_stream(self):
         if not self.written_async:

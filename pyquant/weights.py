@@ -46,10 +46,13 @@ def _component(obj: Any, name: str):
         return obj
     if hasattr(obj, "__cuda_array_interface__"):
         return DeviceView.from_object(obj, name)
+    if hasattr(obj, "__dlpack__"):  # torch / JAX / CuPy: numpy view (host) or DeviceView
+        from . import dlpack
+        return dlpack.import_array(obj, name)
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return np.frombuffer(obj, dtype=np.uint8)
     raise _err(f"{name} must be a numpy array, a pyquant.DeviceArray or an object with "
-               f"__cuda_array_interface__; got {type(obj).__name__}")
+               f"__cuda_array_interface__ or __dlpack__; got {type(obj).__name__}")
 
 
 def _require_contiguous(a, name: str):

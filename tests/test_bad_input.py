@@ -95,8 +95,11 @@ def test_mismatched_shapes(rng, poisoned_output):
     x2 = rng.standard_normal((2, 64)).astype(np.float16)
     _expect(ValueError, r"out has shape \(3, 8\), expected \(2, 8\)",
             lambda: pyquant.gemm(x2, w, out=g2.y), g2)
-    # x not 2-D
-    _expect(ValueError, r"x must be 2-D \[M, K\], got shape \(64,\)",
+    # x is [..., K] (a vector [K] included); a 0-d x has no K axis
+    _expect(ValueError, r"x must have at least one axis \[\.\.\., K\], got a 0-d array",
+            lambda: pyquant.gemm(x2[0, 0, ...], w, out=g2.y), g2)
+    # a vector x [K] gives y [N]: an out [M, N] is the wrong shape for it
+    _expect(ValueError, r"out has shape \(3, 8\), expected \(8,\)",
             lambda: pyquant.gemm(x2[0], w, out=g2.y), g2)
 
 

@@ -134,12 +134,16 @@ def _check_writable(flag: str, path: str) -> None:
 
 
 def _suite(args, cpu: bool, golden_doc=None) -> list[C.Case]:
+    """The cases to run, each checked (cases.check_case): a bad one fails the call here,
+    before a runner measures the machine or any case."""
     if golden_doc is not None:
         cases = [report.row_case(r) for r in golden_doc["rows"]]
         cases = C.select(cases, args.family, args.format, args.variant, args.shape, args.m)
     else:
         cases = C.build_suite(quick=args.quick, families=args.family, formats=args.format,
                               variants=args.variant, shapes=args.shape, ms=args.m, cpu=cpu)
+    for case in cases:
+        C.check_case(case)
     return C.order_for_weights(cases)
 
 
@@ -164,13 +168,18 @@ def main(argv=None, *, runner=None) -> int:
               "(pip install 'pyquant[bench]' or pip install matplotlib)", file=sys.stderr)
         return EXIT_USAGE
 
+    # Every argument is checked before anything is measured: the cases too, on the shapes
+    # of the backend that will run them (the runner says; else the same rule it follows).
+    if runner is not None:
+        cpu = runner.backend == "cpu"
+    else:
+        cpu = args.backend == "cpu" or (args.backend == "auto" and not _gpu_present())
+    try:
+        cases = _suite(args, cpu, golden_doc)
+    except ValueError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if args.list:
-        cpu = args.backend == "cpu" or (args.backend == "auto" and runner is None and not _gpu_present())
-        try:
-            cases = _suite(args, cpu, golden_doc)
-        except ValueError as e:
-            print(f"bench: {e}", file=sys.stderr)
-            return EXIT_USAGE
         for c in cases:
             print(c.label)
         kind = "the golden file's" if golden_doc is not None else "CPU-scaled" if cpu else "GPU"
@@ -246,7 +255,7 @@ def _run(args, runner, golden_doc) -> int:
         results = G.compare(cases, golden_doc["rows"], runner.measure, band, progress=step)
         for r in results:
             if r.current_s is not None:
-                rows.append(report.make_row(r.case, r.current_s, machine, False))
+                rows.append(report.make_row(r.case, r.current_s, machine, None))
         extra = report.compare_summary(results, band)
         if G.has_regression(results):
             exit_status = EXIT_REGRESSION
@@ -258,7 +267,7 @@ def _run(args, runner, golden_doc) -> int:
             except G.Unsupported as e:
                 skip(case, str(e))
             else:
-                rows.append(report.make_row(case, t, machine, False, runner.peers(case) if peers_on else None))
+                rows.append(report.make_row(case, t, machine, None, runner.peers(case) if peers_on else None))
             step(case)
         repeats = 1
 

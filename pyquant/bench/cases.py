@@ -135,6 +135,27 @@ def check_variant(family: str, variant: str) -> None:
         raise ValueError(f"{family} variant {variant!r} is not one of {', '.join(DTYPE_BYTES)}")
 
 
+def check_case(case: Case) -> None:
+    """Raise ValueError, naming the case, when its shape cannot hold its format: the bench
+    checks every case before it measures anything (a shape the library would refuse is
+    otherwise found seconds in, after the roofline has been measured)."""
+    check_variant(case.family, case.variant)
+    if min(case.m, case.n, case.k) < 1:
+        raise ValueError(f"{case.label}: M, N and K must be >= 1")
+    if case.family == "moe":
+        return  # the model shapes are fixed (MOE_MODELS)
+    if case.family == "w4a16":
+        g = parse_w4a16_variant(case.variant).group_size
+        if case.k % g or case.n % 8:
+            raise ValueError(f"{case.label}: int4 needs K a multiple of the group size {g} and N a "
+                             f"multiple of 8 (qzeros pack 8 rows per word); K={case.k}, N={case.n}")
+        return
+    block = _block(case.format)[0]
+    if case.k % block:
+        raise ValueError(f"{case.label}: {case.format} needs K a multiple of its block of {block} "
+                         f"elements; K={case.k}")
+
+
 # ---------------------------------------------------------------------------- counting
 
 def _block(fmt: str) -> tuple[int, int]:

@@ -181,7 +181,8 @@ def load(path) -> dict:
 
 def _check_row(path, i: int, row) -> None:
     """A golden row compare can use: the key fields, a positive finite median_us, a
-    boolean reproducible; anything else is named, never a traceback mid-run."""
+    boolean reproducible (or null: one measurement, untrusted); anything else is named,
+    never a traceback mid-run."""
     from .cases import FAMILIES
     where = f"{path}: row {i}"
     if not isinstance(row, dict):
@@ -201,5 +202,6 @@ def _check_row(path, i: int, row) -> None:
     t = row["median_us"]
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
         raise ValueError(f"{where}: median_us {t!r} is not a positive number")
-    if not isinstance(row["reproducible"], bool):
-        raise ValueError(f"{where}: reproducible {row['reproducible']!r} is not true or false")
+    if row["reproducible"] is not None and not isinstance(row["reproducible"], bool):
+        raise ValueError(f"{where}: reproducible {row['reproducible']!r} is not true, false or "
+                         "null (a single run's row: not checked, never used as truth)")

@@ -5,20 +5,24 @@ import base64
 import html
 import io
 import json
-import sys
 import time
 
 from . import cases as C
 from . import golden as G
 from . import roofline as R
+# The bench's progress line is the library's: a bar on a terminal, a line at every tenth
+# of the cases in a log.
+from ..progress import Progress  # noqa: F401
 
 ROW_FIELDS = ("family", "format", "variant", "m", "n", "k", "median_us", "GBps", "TFLOPs",
               "roofline_pct", "reproducible", "peers")
 
 
-def make_row(case: C.Case, seconds: float, machine: R.Machine, reproducible: bool,
+def make_row(case: C.Case, seconds: float, machine: R.Machine, reproducible: bool | None,
              peers_s: dict[str, float] | None = None) -> dict:
-    """One golden-schema row (DESIGN.md): times in microseconds, peers too."""
+    """One golden-schema row (DESIGN.md): times in microseconds, peers too. reproducible
+    is None for a single measurement (a run, or compare's current time): not checked,
+    which is neither reproducible nor not (golden.load takes it as untrusted)."""
     nbytes, flops = C.case_bytes(case), C.case_flops(case)
     return {
         "family": case.family, "format": case.format, "variant": case.variant,
@@ -27,7 +31,7 @@ def make_row(case: C.Case, seconds: float, machine: R.Machine, reproducible: boo
         "GBps": round(nbytes / seconds / 1e9, 1),
         "TFLOPs": round(flops / seconds / 1e12, 3),
         "roofline_pct": round(R.roofline_pct(nbytes, flops, seconds, machine.copy_Bps, machine.flop_peak), 1),
-        "reproducible": bool(reproducible),
+        "reproducible": None if reproducible is None else bool(reproducible),
         "peers": {name: round(t * 1e6, 3) for name, t in sorted((peers_s or {}).items())},
     }
 
@@ -129,37 +133,6 @@ def compare_summary(results: list[G.Compared], band: float) -> str:
     return "\n".join(lines)
 
 
-class Progress:
-    """A one-line progress bar on stderr (a line every 10 % when stderr is not a terminal)."""
-
-    WIDTH = 30
-
-    def __init__(self, total: int, stream=None):
-        self.total = max(1, total)
-        self.done = 0
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.t0 = time.monotonic()
-        self._last_decile = -1
-
-    def step(self, label: str = "") -> None:
-        self.done += 1
-        frac = self.done / self.total
-        elapsed = time.monotonic() - self.t0
-        eta = elapsed / frac - elapsed
-        if self.tty:
-            bar = "#" * int(frac * self.WIDTH)
-            self.stream.write(f"\r[{bar:<{self.WIDTH}}] {self.done}/{self.total} "
-                              f"{elapsed:5.0f}s eta {eta:4.0f}s {label[:50]:<50}")
-            if self.done >= self.total:
-                self.stream.write("\n")
-            self.stream.flush()
-        elif self.total >= 10 and int(frac * 10) != self._last_decile:
-            self._last_decile = int(frac * 10)
-            self.stream.write(f"bench: {self.done}/{self.total} cases, {elapsed:.0f}s\n")
-            self.stream.flush()
-
-
 # ------------------------------------------------------------------ pictures
 
 
@@ -227,10 +200,18 @@ def save_plot(rows: list[dict], path, machine_title: str) -> None:
     plt.close(fig)
 
 
+def _repro_note(repeats: int) -> str:
+    if repeats > 1:
+        return (f"reproducible: the {repeats} measurements of an entry agree within the noise "
+                "band (record mode)")
+    return ("reproducible: not checked, every entry is one measurement "
+            "(python -m pyquant bench --record measures each case several times)")
+
+
 def write_html(path, doc: dict, header: list[str], extra_text: str = "") -> None:
     """One page: the measurement header, the plot (when matplotlib is there) and the table."""
     rows = doc["rows"]
-    img = "<p><i>matplotlib is not installed (pip install .[bench]): no plot.</i></p>"
+    img = "<p><i>matplotlib is not installed (pip install 'pyquant[bench]'): no plot.</i></p>"
     if have_matplotlib() and rows:
         import matplotlib.pyplot as plt
         fig = figure(rows, doc["device"])
@@ -239,10 +220,12 @@ def write_html(path, doc: dict, header: list[str], extra_text: str = "") -> None
         plt.close(fig)
         img = f'<img alt="roofline and time against M" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
     cols = [f for f in ROW_FIELDS if f != "peers"]
+    checked = {True: "yes", False: "no", None: "not checked"}
     thead = "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "<th>peers (us, peer/ours)</th>"
     trs = []
     for r in rows:
-        tds = "".join(f"<td>{html.escape(str(r[c]))}</td>" for c in cols)
+        tds = "".join(f"<td>{html.escape(checked[r[c]] if c == 'reproducible' else str(r[c]))}</td>"
+                      for c in cols)
         tds += f"<td>{html.escape(_peer_text(r))}</td>"
         trs.append(f"<tr>{tds}</tr>")
     page = f"""<!doctype html>
@@ -253,6 +236,7 @@ td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}} pre{{background:
 <h1>pyquant bench: {html.escape(doc['device'])}</h1>
 <pre>{html.escape(chr(10).join(header))}
 noise band: {doc['noise_band'] * 100:.1f} %, measurements per entry: {doc['repeats']}, date: {html.escape(doc['date'])}
+{_repro_note(doc['repeats'])}
 {html.escape(doc.get('build', ''))}</pre>
 {f'<pre>{html.escape(extra_text)}</pre>' if extra_text else ''}
 {img}

@@ -26,6 +26,12 @@ class Checkpoint(Mapping):
     source: dict[str, str] = field(default_factory=dict)        # name -> convention it came in
     metadata: dict[str, Any] = field(default_factory=dict)      # GGUF key-values / safetensors header
     unsupported: dict[str, str] = field(default_factory=dict)   # name -> why it was not loaded
+    file_tensors: list[str] = field(default_factory=list)       # every tensor name in the file(s)
+    members: dict[str, list[str]] = field(default_factory=dict) # grouped name -> its file tensors
+
+    def members_of(self, name: str) -> list[str]:
+        """The file tensors a loaded or unsupported name came from (itself when not grouped)."""
+        return self.members.get(name, [name])
 
     def __getitem__(self, name: str) -> Any:
         return self.tensors[name]

@@ -38,13 +38,17 @@ def _build_and_backend() -> tuple[str, str]:
 
 
 def describe(ckpt: Checkpoint, build_info: str, backend: str) -> list[dict]:
-    """One row per tensor: name, source, format, shape, bytes, bits per weight, tier."""
+    """One row per loaded name (a quantized layer groups its file tensors: `members`),
+    then one per name that could not be loaded (format "unsupported", tier the reason):
+    together the rows name every tensor of the file. Columns: name, source, format,
+    shape, bytes, bits per weight, tier, members."""
     rows = []
     for name, t in ckpt.tensors.items():
         if isinstance(t, np.ndarray):
             rows.append(dict(name=name, source=ckpt.source.get(name, ""), format=str(t.dtype),
                              shape=list(t.shape), bytes=int(t.nbytes),
-                             bits_per_weight=float(t.dtype.itemsize * 8), tier="-"))
+                             bits_per_weight=float(t.dtype.itemsize * 8), tier="-",
+                             members=ckpt.members_of(name)))
             continue
         shape = [int(d) for d in t.shape]
         fmt = t.format
@@ -54,7 +58,12 @@ def describe(ckpt: Checkpoint, build_info: str, backend: str) -> list[dict]:
         rows.append(dict(name=name, source=ckpt.source.get(name, ""), format=variant,
                          shape=shape, bytes=int(t.nbytes),
                          bits_per_weight=float(t.bits_per_weight),
-                         tier=tier_for(fmt, build_info, backend, experts=len(shape) == 3)))
+                         tier=tier_for(fmt, build_info, backend, experts=len(shape) == 3),
+                         members=ckpt.members_of(name)))
+    for name, why in ckpt.unsupported.items():
+        rows.append(dict(name=name, source=ckpt.container, format="unsupported", shape=[],
+                         bytes=0, bits_per_weight=0.0, tier=f"unsupported: {why}",
+                         members=ckpt.members_of(name)))
     return rows
 
 
@@ -67,14 +76,32 @@ def _table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _looks_like_safetensors(head: bytes) -> bool:
+    return len(head) >= 9 and head[8:9] == b"{"
+
+
 def load(path: str) -> Checkpoint:
-    """Pick the loader: a file with the GGUF magic or a .gguf name is read as GGUF, any
-    other file or a directory (of shards) as safetensors."""
+    """Pick the loader by what the file holds, then by its name: the GGUF magic is read as
+    GGUF, an 8-byte length followed by JSON as safetensors (whatever the extension says:
+    misnamed() tells), any other .gguf file as GGUF (whose refusal says what it is), the
+    rest and directories (of shards) as safetensors."""
     if os.path.isfile(path):
         with open(path, "rb") as f:
-            if f.read(4) == b"GGUF" or path.lower().endswith(".gguf"):
-                return load_gguf(path)
+            head = f.read(9)
+        if head[:4] == b"GGUF":
+            return load_gguf(path)
+        if path.lower().endswith(".gguf") and not _looks_like_safetensors(head):
+            return load_gguf(path)
     return load_safetensors(path)
+
+
+def misnamed(path: str, container: str) -> str | None:
+    """A note when a file's extension names another container than the one it holds."""
+    ext = os.path.splitext(path)[1].lower()
+    named = {".gguf": "gguf", ".safetensors": "safetensors"}.get(ext)
+    if os.path.isfile(path) and named is not None and named != container:
+        return f"note: {os.path.basename(path)} is named {ext} but holds a {container} file (read as {container})"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             msg = f"{args.file}: {msg}"
         print(f"inspect: cannot read {msg}", file=sys.stderr)
         return 2
+    note = misnamed(args.file, ckpt.container)
+    if note:
+        print(f"inspect: {note}", file=sys.stderr)
     build_info, backend = _build_and_backend()
     rows = describe(ckpt, build_info, backend)
     if args.quantized:
@@ -112,18 +142,27 @@ def main(argv: list[str] | None = None) -> int:
 def _print_report(args, ckpt: Checkpoint, rows: list[dict], build_info: str, backend: str) -> None:
     if args.json:
         print(json.dumps({"file": args.file, "container": ckpt.container, "backend": backend,
-                          "build_info": build_info, "tensors": rows,
-                          "unsupported": ckpt.unsupported}, indent=1))
+                          "build_info": build_info, "file_tensors": len(ckpt.file_tensors),
+                          "tensors": rows, "unsupported": ckpt.unsupported}, indent=1))
         return
 
+    loaded = [r for r in rows if r["format"] != "unsupported"]
     for r in rows:
-        r["shape"] = "x".join(str(d) for d in r["shape"])
-        r["bits/w"] = f"{r['bits_per_weight']:.3f}"
-    print(f"{args.file} ({ckpt.container}, {len(ckpt.tensors)} tensors)")
+        r["shape"] = "x".join(str(d) for d in r["shape"]) or "-"
+        r["bits/w"] = f"{r['bits_per_weight']:.3f}" if r["format"] != "unsupported" else "-"
+        if r["format"] == "unsupported":
+            r["bytes"] = "-"
+        grouped = r["members"] != [r["name"]]
+        r["source"] = f"{r['source']} ({', '.join(m.rsplit('.', 1)[-1] for m in r['members'])})" \
+            if grouped else r["source"]
+    n_quant = sum(1 for r in loaded if r["tier"] != "-")
+    print(f"{args.file} ({ckpt.container}: {len(ckpt.file_tensors)} tensors in the file -> "
+          f"{n_quant} quantized weights, {len(loaded) - n_quant} other tensors, "
+          f"{len(ckpt.unsupported)} unsupported, all listed below)")
     print(_table(rows, ["name", "source", "format", "shape", "bytes", "bits/w", "tier"]))
 
     totals: dict[str, list[int]] = {}
-    for r in rows:
+    for r in loaded:
         n_el = int(np.prod([int(d) for d in r["shape"].split("x") if d] or [1]))
         t = totals.setdefault(r["format"], [0, 0, 0])
         t[0] += 1
@@ -134,10 +173,6 @@ def _print_report(args, ckpt: Checkpoint, rows: list[dict], build_info: str, bac
                        **{"bits/w": f"{b * 8 / max(n, 1):.3f}"})
                   for f, (c, n, b) in totals.items()],
                  ["format", "tensors", "weights", "bytes", "bits/w"]))
-    if ckpt.unsupported:
-        print(f"\nnot loaded ({len(ckpt.unsupported)}):")
-        for name, why in ckpt.unsupported.items():
-            print(f"  {name}: {why}")
     print(f"\nbackend: {backend}; build: {build_info}")
 
 

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 
 import numpy as np
 
+from .. import progress as _progress
 from .checkpoint import Checkpoint
 
 _AWQ_GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
@@ -145,6 +147,76 @@ def _tensor_views(file: str, header_names) -> tuple[dict, dict]:
     return views, unreadable
 
 
+# Bytes per element of the safetensors dtypes (safetensors' Dtype enum); a dtype not
+# listed here is left to the safetensors package to judge.
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2,
+                "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8,
+                "F64": 8}
+
+
+def check_file(file: str) -> None:
+    """Refuses a file that is not a whole, self-consistent .safetensors file with a
+    sentence that says which it is (the words gguf_file uses): "not a .safetensors file"
+    (a GGUF file, a zip, text ...), "truncated" (the file ends before its header or a
+    tensor's data), "inconsistent header" (a tensor's offsets disagree with its shape and
+    dtype, or two tensors overlap), "corrupt header" (not JSON). The safetensors package
+    says "header too large" or "invalid shape, data type, or offset" for all of these."""
+    size = os.path.getsize(file)
+    with open(file, "rb") as f:
+        head = f.read(9)
+        if head[:4] == b"GGUF":
+            raise ValueError(f"{file}: not a .safetensors file: it is a GGUF file (GGUF magic): "
+                             "use load_gguf")
+        if size < 9:
+            raise ValueError(f"{file}: truncated, or not a .safetensors file: {size} bytes, too "
+                             "short for the 8-byte header length and a JSON header")
+        if head[8:9] != b"{":
+            kind = "a zip archive (a PyTorch .pt/.bin checkpoint?)" if head[:4] == b"PK\x03\x04" \
+                else f"its header is not JSON (it starts with {head[:9].hex(' ')})"
+            raise ValueError(f"{file}: not a .safetensors file: {kind}")
+        hlen = int.from_bytes(head[:8], "little")
+        if 8 + hlen > size:
+            raise ValueError(f"{file}: truncated: its header declares {hlen} bytes of JSON, the file "
+                             f"holds {size - 8} after the length field")
+        f.seek(8)
+        try:
+            header = json.loads(f.read(hlen))
+        except ValueError as e:
+            raise ValueError(f"{file}: corrupt header: the {hlen}-byte header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file}: corrupt header: a JSON {type(header).__name__}, not an object")
+    data_bytes = size - 8 - hlen
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dt, shape = info["dtype"], [int(d) for d in info["shape"]]
+            start, end = (int(v) for v in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{file}: corrupt header: tensor {name!r} lacks a dtype, shape or "
+                             f"data_offsets pair ({info!r})") from None
+        if dt in _DTYPE_BYTES and not (0 <= start <= end):
+            raise ValueError(f"{file}: inconsistent header: tensor {name!r} has data_offsets "
+                             f"[{start}, {end}]")
+        if dt in _DTYPE_BYTES and end - start != math.prod(shape) * _DTYPE_BYTES[dt]:
+            raise ValueError(f"{file}: inconsistent header: tensor {name!r} declares {dt} {shape} "
+                             f"({math.prod(shape) * _DTYPE_BYTES[dt]} bytes) but its data_offsets "
+                             f"[{start}, {end}] span {end - start} bytes")
+        spans.append((start, end, name))
+    spans.sort()
+    for (a0, a1, a), (b0, b1, b) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise ValueError(f"{file}: inconsistent header: tensor {a!r} (data bytes {a0}..{a1}) "
+                             f"overlaps tensor {b!r} (data bytes {b0}..{b1})")
+    past = [sp for sp in spans if sp[1] > data_bytes]
+    if past:
+        start, end, name = past[0]
+        raise ValueError(f"{file}: truncated: the header places tensor {name!r} at data bytes "
+                         f"{start}..{end}, but the file holds {data_bytes} bytes of data "
+                         f"({max(sp[1] for sp in spans) - data_bytes} bytes missing)")
+
+
 def _files(path: str) -> list[str]:
     if os.path.isdir(path):
         found = sorted(glob.glob(os.path.join(path, "*.safetensors")))
@@ -156,7 +228,8 @@ def _files(path: str) -> list[str]:
     return [path]
 
 
-def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoint:
+def load_safetensors(path: str | os.PathLike, strict: bool = False,
+                     progress: bool | None = None) -> Checkpoint:
     """Load a .safetensors file (or every *.safetensors file of a directory).
 
     Recognised quantized layers become canonical pyquant weights named `X.weight` (AWQ,
@@ -165,12 +238,14 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
     it), so listing or loading a checkpoint reads only the tensors used. A tensor whose
     dtype numpy cannot hold (FP8, ...) is listed in `Checkpoint.unsupported`. A layer that cannot be loaded (act-order GPTQ, another bit
     width, a zero point that does not fit 4 bits, ...) is recorded in
-    `Checkpoint.unsupported` with the reason, or raised as ValueError when strict=True."""
+    `Checkpoint.unsupported` with the reason, or raised as ValueError when strict=True.
+    progress: a line on stderr while the quantized layers are converted (AWQ and GPTQ are
+    repacked, a copy of every byte); None shows it on a terminal for 256 MiB and more."""
     try:
         from safetensors import safe_open
     except ImportError as e:
         raise ImportError("pyquant.load_safetensors needs the `safetensors` package: "
-                          "pip install safetensors") from e
+                          "pip install 'pyquant[safetensors]' (or pip install safetensors)") from e
     path = os.fspath(path)
     files = _files(path)
     arrays: dict[str, np.ndarray] = {}
@@ -178,6 +253,7 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
     unreadable: dict[str, str] = {}  # a dtype numpy cannot hold (FP8, ...): recorded, not raised
     where: dict[str, str] = {}
     for file in files:
+        check_file(file)
         try:
             f = safe_open(file, framework="np")
         except Exception as e:  # safetensors raises its own SafetensorError for a bad header
@@ -216,7 +292,10 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
             prefix = name[: -len("_blocks")]
             groups.append((prefix, prefix, [name, f"{prefix}_scales"], "gpt-oss mxfp4"))
 
+    bar = _progress.for_work(sum(arrays[m].nbytes for g in groups for m in g[2]),
+                             f"load_safetensors {os.path.basename(os.path.normpath(path))}", progress)
     for out_name, prefix, members, convention in groups:
+        bar.step(out_name, sum(arrays[m].nbytes for m in members))
         used.update(members)
         try:
             if convention == "awq/gptq":
@@ -238,10 +317,15 @@ def load_safetensors(path: str | os.PathLike, strict: bool = False) -> Checkpoin
             continue
         ckpt.tensors[out_name] = weight
         ckpt.source[out_name] = convention
+        ckpt.members[out_name] = list(members)
 
+    bar.close()
     for name, arr in arrays.items():
         if name not in used:
             ckpt.tensors[name] = arr
             ckpt.source[name] = "safetensors"
+    ckpt.file_tensors = sorted(set(arrays) | set(unreadable))
+    for out_name, _, members, _ in groups:
+        ckpt.members.setdefault(out_name, list(members))  # unsupported groups too
     ckpt.tensors = dict(sorted(ckpt.tensors.items()))
     return ckpt
