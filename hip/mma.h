@@ -90,6 +90,54 @@ __device__ __forceinline__ uint32_t neg_bias_z(uint32_t z) {
     return h | (h << 16);
 }
 
+// The zero-point constants of one quantization group for a lane's two rows (g and g + 8):
+// lo_* = -(bias + z) for nibbles taken at bit 0 of each half, hi_* = -(bias / 16 + z) for
+// nibbles taken at bit 4 (fp16 only: see dequant_word).
+struct ZeroPairs {
+    uint32_t lo_g, lo_h, hi_g, hi_h;
+};
+
+template <int XT>
+__device__ __forceinline__ ZeroPairs zero_pairs(uint32_t zg, uint32_t zh) {
+    ZeroPairs p;
+    p.lo_g = neg_bias_z<XT>(zg);
+    p.lo_h = neg_bias_z<XT>(zh);
+    // fp16 -(64 + z): 64 = 0x5400, where one unit is 16 ulps
+    const uint32_t hg = 0xd400u + (zg << 4), hh = 0xd400u + (zh << 4);
+    p.hi_g = hg | (hg << 16);
+    p.hi_h = hh | (hh << 16);
+    return p;
+}
+
+// One frag-layout word -> the four A registers of its k16 step (a[p]: pair p = nibbles p
+// and p + 4; rows g for even p, g + 8 for odd p), each q - z exactly.
+//   bf16: a[p] = ((w >> 4p) & 0x000f000f | 128) - (128 + z): 3 shifts, 4 lop3, 4 fma.
+//   fp16: Marlin's two-pairs-per-shift form: (w & 0x000f000f) | 1024 gives pair 0,
+//         (w & 0x00f000f0) | 1024 gives 1024 + 16 q for pair 1, scaled by 1/16 in the
+//         same fma (exact: powers of two on small integers); w >> 8 gives pairs 2 and 3.
+//         1 shift, 4 lop3, 4 fma: the integer pipe, half rate on sm_90, is what binds.
+template <int XT>
+__device__ __forceinline__ void dequant_word(uint32_t w, const ZeroPairs& z, uint32_t (&a)[4]) {
+    if (XT == ELEM_BF16) {
+        a[0] = dequant_pair<XT>(w, z.lo_g);
+        a[1] = dequant_pair<XT>(w >> 4, z.lo_h);
+        a[2] = dequant_pair<XT>(w >> 8, z.lo_g);
+        a[3] = dequant_pair<XT>(w >> 12, z.lo_h);
+    } else {
+        const uint32_t bias = 0x64006400u, one = 0x3c003c00u, sixteenth = 0x2c002c00u;  // 1024, 1, 1/16
+        const uint32_t w8 = w >> 8;
+        uint32_t b0, b1, b2, b3;
+        asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(b0) : "r"(w), "n"(0x000f000f), "r"(bias));
+        asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(b1) : "r"(w), "n"(0x00f000f0), "r"(bias));
+        asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(b2) : "r"(w8), "n"(0x000f000f), "r"(bias));
+        asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(b3) : "r"(w8), "n"(0x00f000f0), "r"(bias));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a[0]) : "r"(b0), "r"(one), "r"(z.lo_g));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a[1]) : "r"(b1), "r"(sixteenth), "r"(z.hi_h));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a[2]) : "r"(b2), "r"(one), "r"(z.lo_g));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a[3]) : "r"(b3), "r"(sixteenth), "r"(z.hi_h));
+    }
+}
+
 // 16-byte loads and stores that skip L1: partial sums written by other thread blocks must
 // be read from L2 (L1 is not coherent across SMs).
 __device__ __forceinline__ float4 ld_cg_f4(const float* p) {

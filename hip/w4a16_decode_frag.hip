@@ -15,13 +15,14 @@
 // whatever N and K are, and a row tile split between blocks is summed by the last of them
 // to arrive, in block order (deterministic).
 //
-// Pipeline. A FRAG_STAGES-deep ring in shared memory, filled by cp.async: per stage each
-// lane copies its own four fragment tiles (and reads them back itself), and the block
-// copies the unit's x chunk, scale words and zero bytes once. One barrier per unit.
+// Pipeline. Each lane loads its own four 16-byte fragment tiles, scale words and zero bytes
+// of a unit straight into registers, two units ahead, in two static buffers (the loop is
+// unrolled by two: no register that a load is still writing is ever moved, which would
+// stall on the load). Only the x chunk is shared: a FRAG_X_STAGES ring in shared memory
+// filled by cp.async, one barrier per unit. The budget that binds is the integer pipe
+// (lop3, shifts, integer multiply-adds at half rate on sm_90: bench/NOTES.md), so the
+// per-unit bookkeeping is a handful of pointer additions.
 //
-// Numerics: (q - z) is exact in fp16/bf16, the mma accumulates in fp32 per quantization
-// group, and the group scale multiplies that fp32 sum: with one-hot x the output is
-// float(q - z) * float(s) bit for bit, as the numpy reference.
 #include <stdint.h>
 
 #include "compat.h"
@@ -39,29 +40,41 @@ __device__ __forceinline__ int frag_owner(int64_t u, int64_t units, int64_t bloc
     return static_cast<int>(((u + 1) * blocks - 1) / units);
 }
 
-// Scale words and zero bytes of a lane's row block for one chunk: GC of each.
+// One unit of a lane: its two row blocks' fragment tiles (w[r][j]: row block r, 64-k tile j
+// of the chunk), scale words (GC groups each) and zero bytes.
 template <int GC>
-struct GroupRecord;
-template <>
-struct GroupRecord<4> {  // G = 32
-    static __device__ __forceinline__ void load_scales(uint32_t (&s)[4], const uint32_t* p) {
-        const uint4 v = *reinterpret_cast<const uint4*>(p);
+struct UnitRegs {
+    uint4 w[FRAG_RB_PER_WARP][2];
+    uint32_t s[FRAG_RB_PER_WARP][GC];
+    uint32_t z[FRAG_RB_PER_WARP];
+};
+
+template <int GC>
+__device__ __forceinline__ void load_group_words(uint32_t (&s)[GC], const uint32_t* p) {
+    if constexpr (GC == 4) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
         s[0] = v.x, s[1] = v.y, s[2] = v.z, s[3] = v.w;
-    }
-    static __device__ __forceinline__ uint32_t load_zeros(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-};
-template <>
-struct GroupRecord<2> {  // G = 64
-    static __device__ __forceinline__ void load_scales(uint32_t (&s)[2], const uint32_t* p) {
-        const uint2 v = *reinterpret_cast<const uint2*>(p);
+    } else if constexpr (GC == 2) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
         s[0] = v.x, s[1] = v.y;
+    } else {
+        s[0] = __ldg(p);
     }
-    static __device__ __forceinline__ uint32_t load_zeros(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
-};
-template <>
-struct GroupRecord<1> {  // G = 128
-    static __device__ __forceinline__ void load_scales(uint32_t (&s)[1], const uint32_t* p) { s[0] = *p; }
-    static __device__ __forceinline__ uint32_t load_zeros(const uint8_t* p) { return *p; }
+}
+
+template <int GC>
+__device__ __forceinline__ uint32_t load_group_bytes(const uint8_t* p) {
+    return GC == 4 ? __ldg(reinterpret_cast<const uint32_t*>(p))
+                   : GC == 2 ? static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(p))) : __ldg(p);
+}
+
+// Where a lane's data of unit (rt, kc) lives: first row block of the warp's pair, then the
+// per-row-block strides. Recomputed per unit (a few integer ops); the loads add constants.
+struct UnitAddr {
+    const uint4* w;        // tile (rb0, 2 kc), this lane's 16 bytes
+    const uint32_t* s;     // scale record (rb0, kc), lane row g
+    const uint8_t* z;      // zero record (rb0, kc), lane row g
+    bool in[FRAG_RB_PER_WARP];
 };
 
 }  // namespace
@@ -72,8 +85,8 @@ struct GroupRecord<1> {  // G = 128
 template <int XT, int MT, int G, bool ASYM>
 __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams p) {
 #if defined(QG_HAS_MMA_SYNC)
-    typedef FragStage<MT, G> St;
-    constexpr int GC = St::GC;
+    typedef FragStage<MT> St;
+    constexpr int GC = 128 / G;
     constexpr int KS = 8;                        // k16 steps per unit
     constexpr int STEPS_PER_GROUP = G / 16;      // 2, 4, 8
     extern __shared__ __align__(16) unsigned char smem[];
@@ -89,76 +102,48 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
     const int64_t u_begin = static_cast<int64_t>(blockIdx.x) * U / P;
     const int64_t u_end = (static_cast<int64_t>(blockIdx.x) + 1) * U / P;
 
-    // ---- fixed copy roles of this thread (per unit only the chunk offset changes)
-    // weights: this lane's 16 bytes of tiles (rb0 + r, 2 kc + j), r, j in {0, 1}
-    // x: row tid / 16, 16-byte piece tid % 16 of the chunk (MT * 128 copies)
-    // scales: row block tid / (2 GC) of the tile, 16-byte piece tid % (2 GC) of its record
-    // zeros: row block (tid - Z_FIRST) / Z_PER_RB, piece of Z_BYTES bytes
-    constexpr int X_COPIES = MT * 8 * 16;
-    constexpr int S_COPIES = FRAG_TILE_RB * 2 * GC;
-    constexpr int Z_RB_BYTES = 8 * GC;                       // 8, 16, 32
-    constexpr int Z_PIECE = Z_RB_BYTES < 16 ? Z_RB_BYTES : 16;
-    constexpr int Z_PER_RB = Z_RB_BYTES / Z_PIECE;           // 1 or 2
-    constexpr int Z_COPIES = FRAG_TILE_RB * Z_PER_RB;
-    constexpr int Z_FIRST = FRAG_THREADS - Z_COPIES;
-    static_assert(S_COPIES <= Z_FIRST || !ASYM, "scale and zero copies share no thread");
-
-    const int x_row = tid >> 4, x_piece = tid & 15;
-    const bool x_copier = tid < X_COPIES;
-    const uint16_t* x_src = p.x + static_cast<int64_t>(x_row < p.m ? x_row : 0) * p.ldx + x_piece * 8;
-    const bool x_row_in = x_row < p.m;
-    const int s_rb = tid / (2 * GC), s_piece = tid % (2 * GC);
-    const int z_rb = (tid - Z_FIRST) / Z_PER_RB, z_piece = (tid - Z_FIRST) % Z_PER_RB;
-
-    // per row tile (refreshed when the fetch moves to another): sources at chunk 0
-    const uint32_t* w_src[FRAG_RB_PER_WARP];
-    bool w_in[FRAG_RB_PER_WARP];
-    const uint32_t* s_src = p.scales;
-    bool s_in = false;
-    const uint8_t* z_src = p.qzeros;
-    bool z_in = false;
-    int fetch_rt = -1;
-    auto enter_row_tile = [&](int rt) {
-        const int rb0 = rt * FRAG_TILE_RB;
+    // ---- per-lane data of unit (rt, kc)
+    const int64_t w_rb_stride = KT * 32;             // uint4 per row block
+    const int64_t s_rb_stride = static_cast<int64_t>(KC) * 8 * GC;  // words / bytes per row block
+    auto unit_addr = [&](int rt, int kc) {
+        UnitAddr a;
+        const int rb0 = rt * FRAG_TILE_RB + warp * FRAG_RB_PER_WARP;
+#pragma unroll
+        for (int r = 0; r < FRAG_RB_PER_WARP; ++r) a.in[r] = rb0 + r < p.row_blocks;
+        const int64_t rec = (static_cast<int64_t>(rb0) * KC + kc) * 8 + g;
+        a.w = reinterpret_cast<const uint4*>(p.qweight) + static_cast<int64_t>(rb0) * w_rb_stride +
+              2 * static_cast<int64_t>(kc) * 32 + lane;
+        a.s = p.scales + rec * GC;
+        a.z = p.qzeros + rec * GC;
+        return a;
+    };
+    auto load_unit = [&](UnitRegs<GC>& d, const UnitAddr& a) {
 #pragma unroll
         for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
-            const int rb = rb0 + warp * FRAG_RB_PER_WARP + r;
-            w_in[r] = rb < p.row_blocks;
-            w_src[r] = p.qweight + (static_cast<int64_t>(w_in[r] ? rb : 0) * KT * 32 + lane) * 4;
+            if (a.in[r]) {
+                d.w[r][0] = __ldg(a.w + r * w_rb_stride);
+                d.w[r][1] = __ldg(a.w + r * w_rb_stride + 32);
+                load_group_words<GC>(d.s[r], a.s + r * s_rb_stride);
+                d.z[r] = ASYM ? load_group_bytes<GC>(a.z + r * s_rb_stride) : 0u;
+            } else {  // a row block past N (padding of the last row tile): zeros, never stored
+                d.w[r][0] = d.w[r][1] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int c = 0; c < GC; ++c) d.s[r][c] = 0;
+                d.z[r] = 0;
+            }
         }
-        s_in = tid < S_COPIES && rb0 + s_rb < p.row_blocks;
-        s_src = p.scales + static_cast<int64_t>(s_in ? rb0 + s_rb : 0) * KC * 8 * GC + s_piece * 4;
-        if (ASYM) {
-            z_in = tid >= Z_FIRST && rb0 + z_rb < p.row_blocks;
-            z_src = p.qzeros + static_cast<int64_t>(z_in ? rb0 + z_rb : 0) * KC * Z_RB_BYTES + z_piece * Z_PIECE;
-        }
-        fetch_rt = rt;
     };
 
-    auto load_unit = [&](int rt, int kc, int slot) {
-        if (rt != fetch_rt) enter_row_tile(rt);
-        unsigned char* base = smem + slot * St::BYTES;
-        // weights: 4 x 16 B, each lane its own, laid out [rb r][tile j][lane]
-        unsigned char* wdst = base + warp * (32 * 64) + lane * 16;
-#pragma unroll
-        for (int r = 0; r < FRAG_RB_PER_WARP; ++r)
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-                cp_async16(wdst + (r * 2 + j) * 512, w_src[r] + (2 * static_cast<int64_t>(kc) + j) * 128, w_in[r]);
+    // ---- x chunk of unit (rt, kc) into ring slot `slot`: row tid / 16, 16-byte piece tid % 16
+    const int x_row = tid >> 4, x_piece = tid & 15;
+    const bool x_copier = tid < MT * 8 * 16;
+    const bool x_row_in = x_row < p.m;
+    const uint16_t* x_src = p.x + static_cast<int64_t>(x_row_in ? x_row : 0) * p.ldx + x_piece * 8;
+    uint16_t* x_dst = reinterpret_cast<uint16_t*>(smem) + x_row * FRAG_XS_STRIDE + x_piece * 8;
+    auto load_x = [&](int kc, int slot) {
         if (x_copier) {
-            uint16_t* xs = reinterpret_cast<uint16_t*>(base + St::X_OFF);
-            const bool in_k = kc * 128 + x_piece * 8 < p.k;   // K % 32 == 0: pieces are whole
-            cp_async16(xs + x_row * FRAG_XS_STRIDE + x_piece * 8, x_src + kc * 128, x_row_in && in_k);
-        }
-        if (tid < S_COPIES) {
-            uint32_t* ss = reinterpret_cast<uint32_t*>(base + St::S_OFF);
-            cp_async16(ss + s_rb * 8 * GC + s_piece * 4, s_src + static_cast<int64_t>(kc) * 8 * GC, s_in);
-        }
-        if (ASYM && tid >= Z_FIRST) {
-            uint8_t* zs = base + St::Z_OFF + z_rb * Z_RB_BYTES + z_piece * Z_PIECE;
-            const uint8_t* src = z_src + static_cast<int64_t>(kc) * Z_RB_BYTES;
-            if (Z_PIECE == 16) cp_async16(zs, src, z_in);
-            else cp_async8(zs, src, z_in);
+            const bool in_k = kc * 128 + x_piece * 8 < p.k;  // K % 32 == 0: pieces are whole
+            cp_async16(x_dst + slot * (St::X_BYTES / 2), x_src + kc * 128, x_row_in && in_k);
         }
     };
 
@@ -171,64 +156,56 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[r][mt][i] = grp[r][mt][i] = 0.f;
 
-    // (rt, kc): the unit being decoded; (prt, pkc): the next one to fetch. No division in the loop.
-    int rt = static_cast<int>(u_begin / KC), kc = static_cast<int>(u_begin % KC);
-    int prt = rt, pkc = kc;
+    // Units are walked with running (row tile, chunk) pairs: no division in the loop.
     auto advance = [&](int& r, int& c) {
         if (++c == KC) {
             c = 0;
             ++r;
         }
     };
+    int rt = static_cast<int>(u_begin / KC), kc = static_cast<int>(u_begin % KC);
+    int frt = rt, fkc = kc;   // next unit to load into registers
+    int xrt = rt, xkc = kc;   // next unit whose x chunk to copy
 #pragma unroll
-    for (int s = 0; s < FRAG_STAGES - 1; ++s) {
+    for (int s = 0; s < FRAG_X_STAGES - 1; ++s) {
         if (u_begin + s < u_end) {
-            load_unit(prt, pkc, s);
-            advance(prt, pkc);
+            load_x(xkc, s);
+            advance(xrt, xkc);
         }
         cp_async_commit();
     }
+    UnitRegs<GC> ra, rb;
+    if (u_begin < u_end) {
+        load_unit(ra, unit_addr(frt, fkc));
+        advance(frt, fkc);
+    }
+    if (u_begin + 1 < u_end) {
+        load_unit(rb, unit_addr(frt, fkc));
+        advance(frt, fkc);
+    }
 
-    int slot = 0;
-    for (int64_t u = u_begin; u < u_end; ++u) {
-        cp_async_wait<FRAG_STAGES - 2>();  // unit u has landed (this thread's copies)
-        __syncthreads();                   // ... everyone's, and slot (u - 1) is free again
-        if (u + FRAG_STAGES - 1 < u_end) {
-            load_unit(prt, pkc, slot == 0 ? FRAG_STAGES - 1 : slot - 1);
-            advance(prt, pkc);
+    // Decodes unit u (registers d, x in ring slot `slot`), refills d with unit u + 2, and
+    // writes the row tile's output when the unit closes it.
+    auto run_unit = [&](int64_t u, int slot, UnitRegs<GC>& d) {
+        cp_async_wait<FRAG_X_STAGES - 2>();  // unit u's x chunk has landed (this thread's copy)
+        __syncthreads();                     // ... everyone's, and slot (u - 1) is free again
+        if (u + FRAG_X_STAGES - 1 < u_end) {
+            load_x(xkc, slot == 0 ? FRAG_X_STAGES - 1 : slot - 1);
+            advance(xrt, xkc);
         }
         cp_async_commit();
+        const uint16_t* xs = reinterpret_cast<const uint16_t*>(smem + slot * St::X_BYTES);
 
-        const unsigned char* base = smem + slot * St::BYTES;
-        const uint4* ws = reinterpret_cast<const uint4*>(base + warp * (32 * 64)) + lane;
-        const uint16_t* xs = reinterpret_cast<const uint16_t*>(base + St::X_OFF);
-        const uint32_t* ss = reinterpret_cast<const uint32_t*>(base + St::S_OFF);
-        const uint8_t* zs = base + St::Z_OFF;
-
-        uint32_t sw[FRAG_RB_PER_WARP][GC];   // scale words: s[g] | s[g+8] << 16, per group
-        uint32_t zw[FRAG_RB_PER_WARP];       // zero bytes, one per group
-#pragma unroll
-        for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
-            const int rbl = warp * FRAG_RB_PER_WARP + r;
-            GroupRecord<GC>::load_scales(sw[r], ss + (rbl * 8 + g) * GC);
-            zw[r] = ASYM ? GroupRecord<GC>::load_zeros(zs + (rbl * 8 + g) * GC) : 0u;
-        }
-        uint4 wv[FRAG_RB_PER_WARP];
-        uint32_t nz0[FRAG_RB_PER_WARP], nz1[FRAG_RB_PER_WARP];  // -(bias + z) of rows g, g + 8
         uint32_t bfrag[MT][4];
+        ZeroPairs zp[FRAG_RB_PER_WARP];
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
             const int c = ks / STEPS_PER_GROUP;  // group inside the chunk (compile-time)
-            if (ks % 4 == 0) {
-#pragma unroll
-                for (int r = 0; r < FRAG_RB_PER_WARP; ++r) wv[r] = ws[(r * 2 + ks / 4) * 32];
-            }
             if (ks % STEPS_PER_GROUP == 0) {
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
-                    const uint32_t zb = ASYM ? zw[r] >> (8 * c) : 0x88u;  // symmetric: z = 8
-                    nz0[r] = neg_bias_z<XT>(zb & 15u);
-                    nz1[r] = neg_bias_z<XT>((zb >> 4) & 15u);
+                    const uint32_t zb = ASYM ? d.z[r] >> (8 * c) : 0x88u;  // symmetric: z = 8
+                    zp[r] = zero_pairs<XT>(zb & 15u, (zb >> 4) & 15u);
                 }
             }
             if (ks % 2 == 0) {
@@ -240,22 +217,21 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
             const int bh = (ks % 2) * 2;
 #pragma unroll
             for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
-                const uint32_t w = (ks % 4 == 0) ? wv[r].x : (ks % 4 == 1) ? wv[r].y : (ks % 4 == 2) ? wv[r].z : wv[r].w;
-                const uint32_t a0 = dequant_pair<XT>(w, nz0[r]);
-                const uint32_t a1 = dequant_pair<XT>(w >> 4, nz1[r]);
-                const uint32_t a2 = dequant_pair<XT>(w >> 8, nz0[r]);
-                const uint32_t a3 = dequant_pair<XT>(w >> 12, nz1[r]);
+                const uint4 wt = d.w[r][ks / 4];
+                const uint32_t w = (ks % 4 == 0) ? wt.x : (ks % 4 == 1) ? wt.y : (ks % 4 == 2) ? wt.z : wt.w;
+                uint32_t a[4];
+                dequant_word<XT>(w, zp[r], a);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     if (mt > 0 && mt * 8 >= p.m) break;  // an all-padding x tile adds nothing
-                    mma16816<XT>(grp[r][mt], a0, a1, a2, a3, bfrag[mt][bh], bfrag[mt][bh + 1]);
+                    mma16816<XT>(grp[r][mt], a[0], a[1], a[2], a[3], bfrag[mt][bh], bfrag[mt][bh + 1]);
                 }
             }
             if ((ks + 1) % STEPS_PER_GROUP == 0) {  // the group closes: acc += s * its sum
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
-                    const float s_lo = bits_to_float(static_cast<uint16_t>(sw[r][c] & 0xffffu), p.scale_type);
-                    const float s_hi = bits_to_float(static_cast<uint16_t>(sw[r][c] >> 16), p.scale_type);
+                    const float s_lo = bits_to_float(static_cast<uint16_t>(d.s[r][c] & 0xffffu), p.scale_type);
+                    const float s_hi = bits_to_float(static_cast<uint16_t>(d.s[r][c] >> 16), p.scale_type);
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         acc[r][mt][0] = fmaf(s_lo, grp[r][mt][0], acc[r][mt][0]);
@@ -267,12 +243,16 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                 }
             }
         }
+        // the registers of unit u are spent: refill them with unit u + 2
+        if (u + 2 < u_end) {
+            load_unit(d, unit_addr(frt, fkc));
+            advance(frt, fkc);
+        }
 
         const int cur_rt = rt;
         const bool tile_done = kc == KC - 1 || u + 1 == u_end;
         advance(rt, kc);
-        slot = slot == FRAG_STAGES - 1 ? 0 : slot + 1;
-        if (!tile_done) continue;  // the row tile continues in this block
+        if (!tile_done) return;  // the row tile continues in this block
 
         // ---- output of row tile cur_rt. c0, c1: row g, tokens 2t, 2t+1 (+8 mt); c2, c3: row g+8.
         const int first = frag_owner(static_cast<int64_t>(cur_rt) * KC, U, P);
@@ -290,7 +270,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                         if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, acc[r][mt][i], p.y_type);
                         acc[r][mt][i] = 0.f;
                     }
-            continue;
+            return;
         }
         // Shared row tile: publish the partial sums in slot (this block - first); the last
         // contributor to arrive adds the slots in order, clears them and re-arms the counter.
@@ -332,6 +312,16 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
             if (tid == 0) p.counters[cur_rt] = 0;
         }
         __syncthreads();  // last_block is rewritten by the next row tile's arrival
+    };
+
+    int slot = 0;
+    for (int64_t u = u_begin; u < u_end; u += 2) {
+        run_unit(u, slot, ra);
+        slot = slot == FRAG_X_STAGES - 1 ? 0 : slot + 1;
+        if (u + 1 < u_end) {
+            run_unit(u + 1, slot, rb);
+            slot = slot == FRAG_X_STAGES - 1 ? 0 : slot + 1;
+        }
     }
     cp_async_wait<0>();  // no copy may outlive the block
 #else

@@ -108,28 +108,24 @@ struct FragParams {
 };
 
 // Thread block: 8 warps, each owning 2 row blocks (32 weight rows): 256 rows per block.
-// Work unit: 256 rows x one 128-k chunk (32 KB of weights + its scales and zeros).
+// Work unit: 256 rows x one 128-k chunk (32 KB of weights + its scales and zeros). The
+// weights, scales and zeros go global -> registers, each lane its own, two units ahead;
+// only the unit's x chunk is shared, through a FRAG_X_STAGES ring in shared memory.
 constexpr int FRAG_WARPS = 8;
 constexpr int FRAG_THREADS = FRAG_WARPS * 32;
 constexpr int FRAG_RB_PER_WARP = 2;
 constexpr int FRAG_TILE_RB = FRAG_WARPS * FRAG_RB_PER_WARP;  // 16 row blocks
 constexpr int FRAG_TILE_ROWS = FRAG_TILE_RB * 16;            // 256 rows
-constexpr int FRAG_STAGES = 4;
+constexpr int FRAG_X_STAGES = 4;
 // x row stride in shared memory (16-bit elements): 128 + 8, so that the 8 rows one ldmatrix
 // phase reads start 272 bytes = 4 banks apart and cover all 32 banks once.
 constexpr int FRAG_XS_STRIDE = 128 + 8;
 
 __host__ __device__ constexpr int align16c(int v) { return (v + 15) / 16 * 16; }
-template <int MT, int G>
+template <int MT>
 struct FragStage {
-    static constexpr int GC = 128 / G;                                   // groups per chunk
-    static constexpr int W_BYTES = FRAG_THREADS * 64;                    // 2 rb x 2 tiles x 16 B per lane
-    static constexpr int X_BYTES = align16c(MT * 8 * FRAG_XS_STRIDE * 2);
-    static constexpr int S_BYTES = FRAG_TILE_RB * 8 * GC * 4;            // scale words
-    static constexpr int Z_BYTES = align16c(FRAG_TILE_RB * 8 * GC);      // zero bytes
-    static constexpr int X_OFF = W_BYTES, S_OFF = X_OFF + X_BYTES, Z_OFF = S_OFF + S_BYTES;
-    static constexpr int BYTES = Z_OFF + Z_BYTES;
-    static constexpr int SMEM = FRAG_STAGES * BYTES;
+    static constexpr int X_BYTES = align16c(MT * 8 * FRAG_XS_STRIDE * 2);  // one x chunk
+    static constexpr int SMEM = FRAG_X_STAGES * X_BYTES;
 };
 
 // decode_frag<XT, MT, G, ASYM> (ASYM: zero-points given).

@@ -45,6 +45,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "memory");
 }
 
+// ---------------------------------------------------------------- named barriers
+// bar.sync waits until `count` threads have arrived at barrier `id` (1..15; 0 is
+// __syncthreads'); bar.arrive counts the calling warp's threads without waiting. Two
+// warpgroups hand a turn to each other with one of each (warp-granular, 128 + 128).
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
 // ---------------------------------------------------------------- TMA
 // 2-D tile load: box at element coordinates (c0 inner, c1 outer) of the tensor map into
 // shared memory, completing `bar`'s transaction count. Out-of-range elements read as zero.

@@ -201,12 +201,7 @@ qg_status decode_mma_launch(const qg_context* ctx, const Args& a, qg_stream stre
 
 // ================================================================ decode_frag (frag layout)
 
-int frag_smem(int mt, int group_size) {
-    if (mt == 1) return group_size == 32 ? FragStage<1, 32>::SMEM : group_size == 64 ? FragStage<1, 64>::SMEM
-                                                                                      : FragStage<1, 128>::SMEM;
-    return group_size == 32 ? FragStage<2, 32>::SMEM : group_size == 64 ? FragStage<2, 64>::SMEM
-                                                                         : FragStage<2, 128>::SMEM;
-}
+int frag_smem(int mt, int) { return mt == 1 ? FragStage<1>::SMEM : FragStage<2>::SMEM; }
 
 int frag_resident(const qg_context* ctx, int x_type, int mt, int group_size, bool asym) {
     return launch_util::resident_blocks(ctx, decode_frag_kernel(x_type, mt, group_size, asym), FRAG_THREADS,
