@@ -7,8 +7,8 @@
 //
 // Per 64-k step:
 //   - each lane's 16-byte frag tile (its A registers for four k16 steps) comes straight
-//     from global memory into registers about one and a half 128-k chunks ahead of its
-//     use, with the chunk's scale words and zero bytes (two buffers, fixed roles);
+//     from global memory into registers, two 128-k chunks ahead of its use, with the
+//     chunk's scale words and zero bytes;
 //   - thread 0 keeps PF_STAGES - 2 x tiles [BN x 64] in flight by TMA (128-byte swizzle,
 //     zero fill past M and K), each completing a `full` mbarrier; every warp releases a
 //     tile through an `empty` mbarrier once the wgmmas reading it have completed;
@@ -44,38 +44,21 @@ struct Chunk {
     uint32_t z;
 };
 
-__device__ __forceinline__ int64_t chunk_record(const PrefillParams& p, int rb, int kc, int lane) {
-    return (static_cast<int64_t>(rb) * p.k_chunks + kc) * 8 + (lane >> 2);
-}
-
-// The chunk's two frag tiles and zero bytes (spent when the chunk is dequantized).
 template <int GC, bool ASYM>
-__device__ __forceinline__ void load_words(Chunk<GC>& c, const PrefillParams& p, int rb, int kc, int lane, bool in) {
-    c.z = 0x88888888u;  // symmetric (or past N): z = 8 in every nibble
+__device__ __forceinline__ void load_chunk(Chunk<GC>& c, const PrefillParams& p, int rb, int kc, int lane, bool in) {
     if (!in) {
         c.w[0] = c.w[1] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int i = 0; i < GC; ++i) c.s[i] = 0;
+        c.z = 0;
         return;
     }
     const uint4* w = reinterpret_cast<const uint4*>(p.qweight) +
                      (static_cast<int64_t>(rb) * p.k_tiles + 2 * static_cast<int64_t>(kc)) * 32 + lane;
     c.w[0] = __ldg(w);
     c.w[1] = __ldg(w + 32);
-    if (ASYM) {
-        const uint8_t* z = p.qzeros + chunk_record(p, rb, kc, lane) * GC;
-        c.z = GC == 4 ? __ldg(reinterpret_cast<const uint32_t*>(z))
-                      : GC == 2 ? static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(z))) : __ldg(z);
-    }
-}
-
-// The chunk's GC scale words (spent when its groups are scaled).
-template <int GC>
-__device__ __forceinline__ void load_scales(Chunk<GC>& c, const PrefillParams& p, int rb, int kc, int lane, bool in) {
-    if (!in) {
-#pragma unroll
-        for (int i = 0; i < GC; ++i) c.s[i] = 0;
-        return;
-    }
-    const uint32_t* s = p.scales + chunk_record(p, rb, kc, lane) * GC;
+    const int64_t rec = (static_cast<int64_t>(rb) * p.k_chunks + kc) * 8 + (lane >> 2);
+    const uint32_t* s = p.scales + rec * GC;
     if constexpr (GC == 4) {
         const uint4 v = __ldg(reinterpret_cast<const uint4*>(s));
         c.s[0] = v.x, c.s[1] = v.y, c.s[2] = v.z, c.s[3] = v.w;
@@ -84,6 +67,12 @@ __device__ __forceinline__ void load_scales(Chunk<GC>& c, const PrefillParams& p
         c.s[0] = v.x, c.s[1] = v.y;
     } else {
         c.s[0] = __ldg(s);
+    }
+    c.z = 0x88888888u;  // symmetric: z = 8 in every nibble
+    if (ASYM) {
+        const uint8_t* z = p.qzeros + rec * GC;
+        c.z = GC == 4 ? __ldg(reinterpret_cast<const uint32_t*>(z))
+                      : GC == 2 ? static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(z))) : __ldg(z);
     }
 }
 
@@ -157,22 +146,18 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     if (tid == 0)
         for (int kt = 0; kt < PD && kt < KT; ++kt) issue(kt);
 
-    // Two chunk buffers with fixed roles (the loop is unrolled by two): a register a load is
-    // still writing is never copied (a copy would wait for the load). A buffer's words and
-    // zero bytes are refilled as soon as its chunk is dequantized, its scales once they are
-    // applied: chunk c + 2's data then has one and a half chunks to arrive.
     Chunk<GC> c0, c1;
-    load_words<GC, ASYM>(c0, p, rb, 0, lane, rb_in);
-    load_scales<GC>(c0, p, rb, 0, lane, rb_in);
-    load_words<GC, ASYM>(c1, p, rb, 1, lane, rb_in && 1 < KC);
-    load_scales<GC>(c1, p, rb, 1, lane, rb_in && 1 < KC);
+    load_chunk<GC, ASYM>(c0, p, rb, 0, lane, rb_in);
+    load_chunk<GC, ASYM>(c1, p, rb, 1, lane, rb_in && 1 < KC);
 
     WgAcc<BN> acc, grp;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc.d[i] = grp.d[i] = 0.f;
 
-    auto run_chunk = [&](int kc, Chunk<GC>& cur) {
-        const bool refill = rb_in && kc + 2 < KC;
+    for (int kc = 0; kc < KC; ++kc) {
+        const Chunk<GC> cur = c0;
+        c0 = c1;
+        load_chunk<GC, ASYM>(c1, p, rb, kc + 2, lane, rb_in && kc + 2 < KC);
         uint32_t a[2][4][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -188,7 +173,6 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
                 nz1[j] = neg_bias_z<XT>((zb >> 4) & 15u);
             }
             dequant_tile<XT>(a[h], cur.w[h], nz0, nz1);
-            if (h == 1) load_words<GC, ASYM>(cur, p, rb, kc + 2, lane, refill);  // words and zeros spent
             const int s = kt % PF_STAGES;
             mbar_wait(&full[s], (kt / PF_STAGES) & 1);
             const unsigned char* tile = smem + s * Sm::B_BYTES;
@@ -221,12 +205,6 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
                 }
             }
         }
-        load_scales<GC>(cur, p, rb, kc + 2, lane, refill);  // scales spent
-    };
-
-    for (int kc = 0; kc < KC; kc += 2) {
-        run_chunk(kc, c0);
-        if (kc + 1 < KC) run_chunk(kc + 1, c1);
     }
 
     // ---- epilogue: d[4j + i] = row 16 w + g + 8 (i >> 1), token 8 j + 2 t + (i & 1)
