@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "compat.h"
+#include "elem.h"
 #include "formats/blocks.h"
 #include "tiers.h"
 
@@ -20,6 +21,9 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline size_t align16(size_t v) { return (v + 15) & ~(size_t)15; }
 
 inline int dtype_bytes(qg_dtype d) { return d == QG_DTYPE_F32 ? 4 : 2; }
+
+// The device element type (hip/elem.h) of an fp32 / fp16 / bf16 dtype.
+inline int elem_type(qg_dtype d) { return d == QG_DTYPE_BF16 ? ELEM_BF16 : d == QG_DTYPE_F32 ? ELEM_F32 : ELEM_F16; }
 
 inline const char* dtype_name(qg_dtype d)
 {

@@ -18,7 +18,7 @@ using launch_util::ceil_div;
 
 typedef qg_w4a16_gemm_args Args;
 
-int elem_type(qg_dtype d) { return d == QG_DTYPE_BF16 ? ELEM_BF16 : d == QG_DTYPE_F32 ? ELEM_F32 : ELEM_F16; }
+using launch_util::elem_type;
 
 constexpr int kDecodeRows = 16;   // rows of x per decode launch: two n8 mma tiles
 constexpr size_t kCounterAlign = 256;
@@ -56,6 +56,24 @@ qg_status launch(const void* kernel, dim3 grid, int threads, int smem, hipStream
         return set_error(QG_ERR_DEVICE, "launch of %s failed: %s", what, hipGetErrorString(e));
     }
     return gpu_check_launch(what);
+}
+
+// A decode tier serves at most kDecodeRows rows of x per launch: larger M runs one launch per
+// 16 rows, each with p.m, p.x, p.y set for its rows and the n8-tile count mt it needs (the
+// last chunk may need one tile where the plan has two).
+template <class P, class KernelFor, class SmemFor>
+qg_status launch_by_16_rows(const Args& a, P& p, int plan_mt, int blocks, int threads, KernelFor kernel_for,
+                            SmemFor smem_for, qg_stream stream, const char* what) {
+    for (int64_t m0 = 0; m0 < a.m; m0 += kDecodeRows) {
+        p.m = static_cast<int>(std::min<int64_t>(kDecodeRows, a.m - m0));
+        p.x = static_cast<const uint16_t*>(a.x) + m0 * a.ldx;
+        p.y = static_cast<char*>(a.y) + m0 * a.ldy * launch_util::dtype_bytes(a.y_dtype);
+        const int mt = std::min(p.m > 8 ? 2 : 1, plan_mt);
+        const qg_status st =
+            launch(kernel_for(mt), dim3(blocks), threads, smem_for(mt), static_cast<hipStream_t>(stream), p, what);
+        if (st != QG_OK) return st;
+    }
+    return QG_OK;
 }
 
 // Stream-K: the block whose contiguous range of `units` holds unit u (P blocks).
@@ -187,16 +205,9 @@ qg_status decode_mma_launch(const qg_context* ctx, const Args& a, qg_stream stre
         p.partial = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + counters_bytes(plan.row_blocks));
     }
     const int x_type = elem_type(a.x_dtype);
-    for (int64_t m0 = 0; m0 < a.m; m0 += kDecodeRows) {
-        p.m = static_cast<int>(std::min<int64_t>(kDecodeRows, a.m - m0));
-        p.x = static_cast<const uint16_t*>(a.x) + m0 * a.ldx;
-        p.y = static_cast<char*>(a.y) + m0 * a.ldy * launch_util::dtype_bytes(a.y_dtype);
-        const int mt = std::min(p.m > 8 ? 2 : 1, plan.mt);  // the last chunk may need one tile
-        const qg_status st = launch(decode_mma_kernel(x_type, mt, a.group_size), dim3(plan.blocks), MMA_THREADS,
-                                    mma_smem_bytes(mt), static_cast<hipStream_t>(stream), p, "w4a16 decode_mma");
-        if (st != QG_OK) return st;
-    }
-    return QG_OK;
+    return launch_by_16_rows(
+        a, p, plan.mt, plan.blocks, MMA_THREADS, [&](int mt) { return decode_mma_kernel(x_type, mt, a.group_size); },
+        [](int mt) { return mma_smem_bytes(mt); }, stream, "w4a16 decode_mma");
 }
 
 // ================================================================ decode_frag (frag layout)
@@ -286,17 +297,11 @@ qg_status decode_frag_launch(const qg_context* ctx, const Args& a, qg_stream str
         p.partial = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + counters_bytes(plan.row_tiles));
     }
     const int x_type = elem_type(a.x_dtype);
-    for (int64_t m0 = 0; m0 < a.m; m0 += kDecodeRows) {
-        p.m = static_cast<int>(std::min<int64_t>(kDecodeRows, a.m - m0));
-        p.x = static_cast<const uint16_t*>(a.x) + m0 * a.ldx;
-        p.y = static_cast<char*>(a.y) + m0 * a.ldy * launch_util::dtype_bytes(a.y_dtype);
-        const int mt = std::min(p.m > 8 ? 2 : 1, plan.mt);
-        const qg_status st =
-            launch(decode_frag_kernel(x_type, mt, a.group_size, a.qzeros != nullptr), dim3(plan.blocks), FRAG_THREADS,
-                   frag_smem(mt, a.group_size), static_cast<hipStream_t>(stream), p, "w4a16 decode_frag");
-        if (st != QG_OK) return st;
-    }
-    return QG_OK;
+    const bool asym = a.qzeros != nullptr;
+    return launch_by_16_rows(
+        a, p, plan.mt, plan.blocks, FRAG_THREADS,
+        [&](int mt) { return decode_frag_kernel(x_type, mt, a.group_size, asym); },
+        [&](int mt) { return frag_smem(mt, a.group_size); }, stream, "w4a16 decode_frag");
 }
 
 }  // namespace

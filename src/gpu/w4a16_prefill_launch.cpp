@@ -14,7 +14,7 @@ using namespace w4a16;
 using launch_util::ceil_div;
 typedef qg_w4a16_gemm_args Args;
 
-int elem_type(qg_dtype d) { return d == QG_DTYPE_BF16 ? ELEM_BF16 : d == QG_DTYPE_F32 ? ELEM_F32 : ELEM_F16; }
+using launch_util::elem_type;
 
 #if defined(QG_HAVE_TENSOR_MAPS) && defined(QG_BUILT_SM90A)
 constexpr bool kBuilt = true;
