@@ -161,8 +161,10 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
  *                    a forced tier that cannot serve a call returns QG_ERR_UNSUPPORTED
  *   "gguf_tier"    : 0 auto, 1 float decode (x kept in fp32; portable), 2 int8 decode (x quantized
  *                    to int8 per 32 elements as ggml's q8_1, integer mma; NVIDIA sm_80+, w and
- *                    ldw multiples of 16), 3 prefill (GPU backends; not built yet:
+ *                    ldw multiples of 16), 3 prefill (no GGUF prefill tier is built yet:
  *                    QG_ERR_UNSUPPORTED). Auto takes 2 where it can.
+ *                    The numeric tier options apply to GPU contexts; qg_context_set_tier
+ *                    names a tier of either backend.
  *   "split_k"      : 0 auto, else the split-K factor forced on decode tiers
  * An unknown name or an out-of-range value is QG_ERR_INVALID_ARGUMENT. */
 QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_t value);
