@@ -18,6 +18,7 @@ struct qg_context {
     int64_t w4a16_tier = 0;
     int64_t gguf_tier = 0;
     int64_t split_k = 0;
+    int64_t cpu_precision = 0;
     // GPU properties read once at creation (zero on the CPU backend)
     int sm_count = 0;
     int cc_major = 0, cc_minor = 0;
