@@ -22,13 +22,13 @@ void gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, const char* na
     cpu::log_int8("gguf", name, a->m, a->n, a->k);
     cpu::int8_gemm(
         ctx, cpu::Int8Traits<Block>::kind, a->m, a->n, a->k, a->x_dtype, a->x, a->ldx,
+        [&](int64_t n0, int count) {
+            cpu::GgufSrc<Block> src;
+            for (int r = 0; r < cpu::PANEL_ROWS; ++r) src.row[r] = w + cpu::panel_row(n0, count, r) * ldw;
+            return src;
+        },
         [&](int64_t n, int64_t k0, int64_t kc, const cpu::Int8Out& out) {
             return cpu::decode_int8_row<Block>(w + n * ldw, k0 / E, kc / E, out);
-        },
-        [&](int64_t n0, int count, const cpu::Q8Rows& x, float* acc, bool* ok) {
-            const uint8_t* rows[cpu::ROWS_GROUP];
-            for (int r = 0; r < cpu::ROWS_GROUP; ++r) rows[r] = w + cpu::group_row(n0, count, r) * ldw;
-            cpu::rows_gguf(static_cast<const Block*>(nullptr), rows, a->k, x, acc, ok);
         },
         fdecode, store);
 }

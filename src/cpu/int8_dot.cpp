@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu/cpu_isa.h"
+#include "cpu/int8_avx2.h"
 #include "cpu/int8_kernels.h"
 
 #if QG_INT8_X86
@@ -68,8 +69,6 @@ void interleave_scalar(const int8_t* rows, int64_t ld, int64_t nb, int8_t* codes
 
 #if QG_INT8_HAVE_AVX2
 // ------------------------------------------------------------------ AVX2
-
-#define QG_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 constexpr int AVX2_MR = 4;  // activation rows per pass of the signed kernel
 
@@ -197,27 +196,17 @@ QG_AVX2 void dot_avx2(const Panel& p, const Q8Rows& x, float* acc) {
     }
 }
 
-// 8 rows x one block (32 codes each) -> the 8 k4 groups of those rows: a 4 x 4 transpose
-// of 32-bit words in each 128-bit lane, the low lane holding rows 0..3 and the high lane
-// rows 4..7 (vinserti128 builds the inputs; no lane-crossing shuffle after that).
-//   in  A_i = [row i, k 0..15 | row i + 4, k 0..15]     (i = 0..3; B_i: k 16..31)
-//   t0 = unpacklo32(A0, A1) = [r0 g0, r1 g0, r0 g1, r1 g1 | r4 g0, r5 g0, r4 g1, r5 g1]
-//   G0 = unpacklo64(t0, t2) = [r0 g0, r1 g0, r2 g0, r3 g0 | r4 g0, r5 g0, r6 g0, r7 g0]
+// Row-major codes of 8 rows x one block -> the panel's k4 groups (store_k4_groups).
 QG_AVX2 void interleave_8rows(const int8_t* rows, int64_t ld, int8_t* out /* group 0, row 0 */) {
-    for (int half = 0; half < 2; ++half) {  // k 0..15 (groups 0..3), k 16..31 (groups 4..7)
-        __m256i a[4];
-        for (int i = 0; i < 4; ++i) {
-            const __m128i lo = _mm_loadu_si128((const __m128i*)(rows + i * ld + 16 * half));
-            const __m128i hi = _mm_loadu_si128((const __m128i*)(rows + (i + 4) * ld + 16 * half));
-            a[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-        }
-        const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
-        const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
-        const __m256i g[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                              _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
-        for (int j = 0; j < 4; ++j)
-            _mm256_storeu_si256((__m256i*)(out + (4 * half + j) * PANEL_ROWS * 4), g[j]);
+    __m256i lo[4], hi[4];
+    for (int i = 0; i < 4; ++i) {
+        const int8_t *r = rows + i * ld, *r4 = rows + (i + 4) * ld;
+        lo[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)r)),
+                                        _mm_loadu_si128((const __m128i*)r4), 1);
+        hi[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(r + 16))),
+                                        _mm_loadu_si128((const __m128i*)(r4 + 16)), 1);
     }
+    store_k4_groups(lo, hi, out);
 }
 
 QG_AVX2 void interleave_avx2(const int8_t* rows, int64_t ld, int64_t nb, int8_t* codes) {
@@ -355,6 +344,21 @@ std::vector<KindFn> kernels() {
 }  // namespace
 
 void panel_dot(Int8Kind kind, const Panel& p, const Q8Rows& x, float* acc) {
+#if QG_INT8_HAVE_AMX
+    static const bool amx = int8_isa() >= Isa::AMX;
+    const int64_t tiled = amx ? x.m - x.m % AMX_MIN_M : 0;
+    if (tiled > 0 && panel_dot_amx(kind, p, x, tiled, acc)) {
+        if (tiled == x.m) return;
+        Q8Rows rest = x;  // the last x.m % AMX_MIN_M rows, on AVX-512 VNNI
+        rest.q += tiled * x.ldq;
+        rest.dx += tiled * x.lds;
+        rest.dS += tiled * x.lds;
+        rest.S += tiled * x.lds;
+        rest.S16 += 2 * tiled * x.lds;
+        rest.m = x.m - tiled;
+        return panel_dot(kind, p, rest, acc + tiled * PANEL_ROWS);
+    }
+#endif
     static const std::vector<KindFn> table = kernels();
     for (const KindFn& k : table) {
         if (k.kind.i16_groups == kind.i16_groups && k.kind.sub == kind.sub && k.kind.mw == kind.mw &&

@@ -55,20 +55,21 @@ inline void log_int8(const char* family, const char* format, int64_t M, int64_t 
              (long long)M, (long long)N, (long long)K);
 }
 
-// The ROWS_GROUP weight rows n0 .. n0 + count - 1 for a small-M kernel: rows past count
-// repeat the last one (computed, never stored).
-inline int64_t group_row(int64_t n0, int count, int r) { return n0 + (r < count ? r : count - 1); }
+// Row n0 + r of a panel of count rows: rows past count repeat the last one (computed,
+// never stored).
+inline int64_t panel_row(int64_t n0, int count, int r) { return n0 + (r < count ? r : count - 1); }
 
-// decode(n, k0, kc, out): weight row n, k in [k0, k0 + kc), as int8 (Int8Out); returns
-// false when a scale is not finite. rows(n0, count, x, acc, ok): the small-M kernel of
-// int8_rows.h on rows n0 .. n0 + count - 1 (count <= ROWS_GROUP). fdecode(n, k0, kc, dst):
-// the same elements as floats (the fp32-exact path's decoder). store(m, n, v): writes
-// the fp32 result of y[m, n].
-template <class Decode, class Rows, class FloatDecode, class Store>
+// source(n0, count): the int8_rows.h source (GgufSrc, Mxfp4Src, Int4Src) of the panel of
+// weight rows n0 .. n0 + count - 1, read by the AVX2 decoders. decode(n, k0, kc, out): the
+// portable decoder of weight row n, k in [k0, k0 + kc), as int8 (Int8Out); false when a
+// scale is not finite. fdecode(n, k0, kc, dst): the same elements as floats (the
+// fp32-exact path's decoder). store(m, n, v): writes the fp32 result of y[m, n].
+template <class Source, class Decode, class FloatDecode, class Store>
 void int8_gemm(const qg_context* ctx, Int8Kind kind, int64_t M, int64_t N, int64_t K, qg_dtype x_dtype,
-               const void* x, int64_t ldx, Decode&& decode, Rows&& rows, FloatDecode&& fdecode, Store&& store) {
+               const void* x, int64_t ldx, Source&& source, Decode&& decode, FloatDecode&& fdecode, Store&& store) {
     const int threads = gemm_threads(ctx, M, N, K);
-    const bool small_m = M <= ROWS_MAX_M && rows_available();  // decode in registers: int8_rows.h
+    const bool avx2 = rows_available();          // the AVX2 decoders of int8_rows.h
+    const bool small_m = avx2 && M <= ROWS_MAX_M;  // ... multiplying at once, no panel
     const int64_t n_panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
     const int esize = dtype_bytes(x_dtype);
     std::vector<uint8_t> bad_row((size_t)N, 0);  // weight rows with a non-finite scale
@@ -84,26 +85,23 @@ void int8_gemm(const qg_context* ctx, Int8Kind kind, int64_t M, int64_t N, int64
             std::fill(acc, acc + mb * PANEL_ROWS, 0.0f);
             bool ok[PANEL_ROWS];
             std::fill(ok, ok + PANEL_ROWS, true);
+            const auto src = avx2 ? source(n0, R) : decltype(source(n0, R)){};
             if (small_m) {
                 const Q8Rows xr{act.q.data(), act.dx.data(), act.dS.data(), act.S.data(), act.S16.data(),
                                 K,            K / Q8_BLOCK,  mb};
-                for (int r0 = 0; r0 < R; r0 += ROWS_GROUP)
-                    rows(n0 + r0, std::min(ROWS_GROUP, R - r0), xr, acc + r0, ok + r0);
+                for (int g0 = 0; g0 < R; g0 += ROWS_GROUP) rows_kernel(src, g0, K, xr, acc, ok);
             }
             for (int64_t k0 = 0; !small_m && k0 < K; k0 += INT8_TILE_K) {
                 const int64_t kc = std::min(INT8_TILE_K, K - k0), nb = kc / Q8_BLOCK;
-                for (int r = 0; r < R; ++r)
-                    ok[r] &= decode(n0 + r, k0, kc,
-                                    Int8Out{s.rows.data() + r * INT8_TILE_K, s.sw.data() + r, s.mw.data() + r,
-                                            s.sub.data() + r});
-                for (int r = R; r < PANEL_ROWS; ++r) {  // past the last weight row: zeros
-                    std::fill_n(s.rows.data() + r * INT8_TILE_K, kc, (int8_t)0);
-                    for (int64_t b = 0; b < nb; ++b) {
-                        s.sw[b * PANEL_ROWS + r] = s.mw[b * PANEL_ROWS + r] = 0.0f;
-                        s.sub[2 * b * PANEL_ROWS + r] = s.sub[(2 * b + 1) * PANEL_ROWS + r] = 0;
-                    }
+                if (avx2) {
+                    panel_fill(src, k0, kc, PanelOut{s.codes.data(), s.sw.data(), s.mw.data(), s.sub.data()}, ok);
+                } else {
+                    for (int r = 0; r < PANEL_ROWS; ++r)  // rows past R repeat the last (never stored)
+                        ok[r] &= decode(panel_row(n0, R, r), k0, kc,
+                                        Int8Out{s.rows.data() + r * INT8_TILE_K, s.sw.data() + r, s.mw.data() + r,
+                                                s.sub.data() + r});
+                    panel_interleave(s.rows.data(), INT8_TILE_K, nb, s.codes.data());
                 }
-                panel_interleave(s.rows.data(), INT8_TILE_K, nb, s.codes.data());
                 const int64_t b0 = k0 / Q8_BLOCK;
                 const Panel p{s.codes.data(), s.sw.data(), kind.mw ? s.mw.data() : nullptr,
                               kind.sub ? s.sub.data() : nullptr, nb};

@@ -94,6 +94,13 @@ struct Q8Rows {
 // picks by cpu::int8_isa().
 void panel_dot(Int8Kind kind, const Panel& p, const Q8Rows& x, float* acc);
 
+// AMX (int8_amx.cpp): activation rows per pass, two 16-row A tiles. The panel kernels use
+// tiles from this M on, on the rows [0, M - M % AMX_MIN_M); AVX-512 VNNI takes the rest.
+constexpr int AMX_MIN_M = 32;
+// panel_dot on AMX tiles for activation rows [0, rows), rows % AMX_MIN_M == 0; false (and
+// nothing done) for a kind it does not serve (q6_K's sub-block scales).
+bool panel_dot_amx(Int8Kind kind, const Panel& p, const Q8Rows& x, int64_t rows, float* acc);
+
 // Row-major codes [PANEL_ROWS][ld] (blocks [0, nb) of each row) -> panel codes.
 void panel_interleave(const int8_t* rows, int64_t ld, int64_t nb, int8_t* codes);
 

@@ -13,23 +13,17 @@
 // than its one integer multiplier does: instructions are what the layout saves.
 #include <string.h>
 
-#include "cpu/cpu_isa.h"
-#include "cpu/int8_blocks.h"
-#include "cpu/int8_kernels.h"
 #include "cpu/int8_rows.h"
 
-#if QG_INT8_HAVE_AVX2
-#include <immintrin.h>
-#endif
+#include "cpu/cpu_isa.h"
+#include "cpu/int8_avx2.h"
+#include "cpu/int8_blocks.h"
 
 namespace qg {
 namespace cpu {
 
 #if QG_INT8_HAVE_AVX2
 namespace {
-
-#define QG_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define QG_AVX2_INLINE inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
 constexpr int GROUP = ROWS_GROUP;  // weight rows per pass: one ymm of block sums
 // Bytes ahead of each row's reads that the kernel prefetches: without it the 8 row
@@ -85,18 +79,19 @@ QG_AVX2_INLINE void transpose8(const __m256* in, float* out) {
 
 // The fp16 at byte offset `off` of each row's format block fb, as 8 floats (F16C converts
 // exactly, as f16_to_f32 does; a NaN's bits may differ, but a NaN scale sends its row to
-// the fp32-exact path).
+// the fp32-exact path). Packed in general registers (the empty asm keeps GCC from turning
+// it into vector inserts): the shuffle pipes are the busiest ones in this kernel, and 8
+// vpinsrw cost 10 % of an M = 1 GEMM.
 template <class F>
 QG_AVX2_INLINE __m256 f16_rows(const F& f, int64_t fb, int off) {
-    __m128i h = _mm_cvtsi32_si128(ld_u16(f.at(0, fb) + off));
-    h = _mm_insert_epi16(h, ld_u16(f.at(1, fb) + off), 1);
-    h = _mm_insert_epi16(h, ld_u16(f.at(2, fb) + off), 2);
-    h = _mm_insert_epi16(h, ld_u16(f.at(3, fb) + off), 3);
-    h = _mm_insert_epi16(h, ld_u16(f.at(4, fb) + off), 4);
-    h = _mm_insert_epi16(h, ld_u16(f.at(5, fb) + off), 5);
-    h = _mm_insert_epi16(h, ld_u16(f.at(6, fb) + off), 6);
-    h = _mm_insert_epi16(h, ld_u16(f.at(7, fb) + off), 7);
-    return _mm256_cvtph_ps(h);
+    uint64_t h[2];
+    for (int q = 0; q < 2; ++q) {
+        uint64_t v = 0;
+        for (int r = 0; r < 4; ++r) v |= (uint64_t)ld_u16(f.at(4 * q + r, fb) + off) << (16 * r);
+        __asm__("" : "+r"(v));
+        h[q] = v;
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0]));
 }
 
 // ---------------------------------------------------------------- formats
@@ -119,7 +114,12 @@ struct GgufRows {
     static constexpr bool SIGNED = kind.offset < 0, SUB = kind.sub, MW = kind.mw, ROW_OFF = false;
     static constexpr int OFF = SIGNED ? 0 : kind.offset;
     static const int MAX_CODE;
+    // the panel's representation of a row pair's codes (the same as this decoder's here)
+    QG_AVX2_INLINE void to_panel(int, const int32_t*, __m256i&, __m256i&) const {}
     const uint8_t* row[GROUP];
+    GgufRows(const GgufSrc<Block>& src, int g0) {
+        for (int r = 0; r < GROUP; ++r) row[r] = src.row[g0 + r];
+    }
     QG_AVX2_INLINE const uint8_t* at(int r, int64_t fb) const { return row[r] + fb * BYTES; }
     QG_AVX2_INLINE void prefetch(int64_t fb) const {
         if (((fb * BYTES) & 63) < BYTES)
@@ -332,6 +332,17 @@ struct Mxfp4Rows {
     static constexpr int OFF = 0, MAX_CODE = 12;
     const uint8_t* blocks[GROUP];  // [K/32][16] of each row
     const uint8_t* e[GROUP];       // [K/32]
+    Mxfp4Rows(const Mxfp4Src& src, int g0) {
+        for (int r = 0; r < GROUP; ++r) {
+            blocks[r] = src.blocks[g0 + r];
+            e[r] = src.scales[g0 + r];
+        }
+    }
+    // the panel stores w + 12 (KIND_MXFP4)
+    QG_AVX2_INLINE void to_panel(int, const int32_t*, __m256i& lo, __m256i& hi) const {
+        lo = _mm256_add_epi8(lo, _mm256_set1_epi8((char)KIND_MXFP4.offset));
+        hi = _mm256_add_epi8(hi, _mm256_set1_epi8((char)KIND_MXFP4.offset));
+    }
     QG_AVX2_INLINE void prefetch(int64_t fb) const {
         if ((fb & 3) == 0)
             for (int r = 0; r < GROUP; ++r)
@@ -362,23 +373,50 @@ struct Int4Rows {
     const int32_t* qzeros;
     int64_t groups;
     int group_size;
+    Int4Rows(const Int4Src& src, int g0)
+        : scale_dtype(src.scale_dtype), qzeros(src.qzeros), groups(src.groups), group_size(src.group_size) {
+        for (int r = 0; r < GROUP; ++r) {
+            qweight[r] = src.qweight[g0 + r];
+            scales_row[r] = src.scales_row[g0 + r];
+            n[r] = src.n[g0 + r];
+        }
+    }
+    // the panel stores q - z + 15 (KIND_INT4): z of rows i, i + 4 from scales8's sub[]
+    QG_AVX2_INLINE void to_panel(int i, const int32_t* sub, __m256i& lo, __m256i& hi) const {
+        const __m256i add = _mm256_sub_epi8(_mm256_set1_epi8((char)KIND_INT4.offset),
+                                            _mm256_setr_epi32(sub[i], sub[i], sub[i], sub[i], sub[i + 4], sub[i + 4],
+                                                              sub[i + 4], sub[i + 4]));
+        // sub[] holds z (< 16) in the low byte of each word: spread it to every byte
+        const __m256i bytes = _mm256_shuffle_epi8(add, _mm256_setzero_si256());
+        lo = _mm256_add_epi8(lo, bytes);
+        hi = _mm256_add_epi8(hi, bytes);
+    }
     QG_AVX2_INLINE void prefetch(int64_t fb) const {
         if ((fb & 3) == 0)
             for (int r = 0; r < GROUP; ++r)
                 _mm_prefetch((const char*)(qweight[r] + 4 * fb) + PREFETCH_BYTES, _MM_HINT_T0);
     }
+    // The current group's scales and zero-points, decoded when a block starts a new group
+    // (G / 32 blocks share them).
+    mutable int64_t group = -1;
+    mutable unsigned group_ok = 0;
+    alignas(32) mutable float gs[GROUP];
+    alignas(32) mutable int32_t gz[GROUP];
     // sub[r]: the zero-point z of row r's group (int16 pairs (z, 0) for vpmaddwd)
     QG_AVX2_INLINE unsigned scales8(int64_t fb, float* sw, float*, int32_t* sub) const {
-        unsigned ok = 0;
-        for (int r = 0; r < GROUP; ++r) {
-            int b;
-            ok |= (int4_group(scales_row[r], scale_dtype, qzeros, n[r], groups, fb * Q8_BLOCK / group_size, sw + r, &b)
-                       ? 1u
-                       : 0u)
-                  << r;
-            sub[r] = KIND_INT4.offset - b;
+        const int64_t g = fb * Q8_BLOCK / group_size;
+        if (g != group) {
+            group = g;
+            group_ok = 0;
+            for (int r = 0; r < GROUP; ++r) {
+                int b;
+                group_ok |= (int4_group(scales_row[r], scale_dtype, qzeros, n[r], groups, g, gs + r, &b) ? 1u : 0u) << r;
+                gz[r] = KIND_INT4.offset - b;
+            }
         }
-        return ok;
+        _mm256_store_ps(sw, _mm256_load_ps(gs));
+        _mm256_store_si256((__m256i*)sub, _mm256_load_si256((const __m256i*)gz));
+        return group_ok;
     }
     template <int J>
     QG_AVX2_INLINE void codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
@@ -532,6 +570,43 @@ QG_AVX2 void rows_run(const F& f, int64_t nfb, const Q8Rows& x, float* acc, bool
     }
 }
 
+// Blocks J .. SUBS - 1 of format block fb into the panel, panel block index pb + J.
+template <class F, int J>
+QG_AVX2_INLINE void fill_steps(const F& f, int64_t fb, int64_t pb, int h, const float* sw, const float* mw,
+                               const int32_t* sub, const PanelOut& out) {
+    if constexpr (J < F::SUBS) {
+        const int64_t b = pb + J;
+        _mm256_storeu_ps(out.sw + b * PANEL_ROWS + 8 * h, _mm256_load_ps(sw + J * GROUP));
+        if constexpr (F::MW) _mm256_storeu_ps(out.mw + b * PANEL_ROWS + 8 * h, _mm256_load_ps(mw + J * GROUP));
+        if constexpr (F::SUB) {
+            for (int u = 0; u < 2; ++u)
+                for (int r = 0; r < GROUP; ++r) out.sub[(2 * b + u) * PANEL_ROWS + 8 * h + r] = sub[r * 16 + 2 * J + u];
+        }
+        __m256i lo[4], hi[4];
+        for (int i = 0; i < 4; ++i) {
+            f.template codes<J>(i, fb, lo[i], hi[i]);
+            f.to_panel(i, sub, lo[i], hi[i]);
+        }
+        store_k4_groups(lo, hi, out.codes + b * PANEL_BLOCK_BYTES + 32 * h);
+        fill_steps<F, J + 1>(f, fb, pb, h, sw, mw, sub, out);
+    }
+}
+
+// Format blocks [fb0, fb0 + nfb) of the 8 rows of f into rows 8h .. 8h + 7 of a panel.
+template <class F>
+QG_AVX2 void panel_run(const F& f, int64_t fb0, int64_t nfb, int h, const PanelOut& out, bool* ok) {
+    constexpr int S = F::SUBS;
+    alignas(32) float sw[S * GROUP], mw[S * GROUP];
+    alignas(32) int32_t sub[2 * S * GROUP];
+    unsigned finite = (1u << GROUP) - 1;
+    for (int64_t i = 0; i < nfb; ++i) {
+        f.prefetch(fb0 + i);
+        finite &= f.scales8(fb0 + i, sw, mw, sub);
+        fill_steps<F, 0>(f, fb0 + i, i * S, h, sw, mw, sub, out);
+    }
+    for (int r = 0; r < GROUP; ++r) ok[8 * h + r] = ok[8 * h + r] && ((finite >> r) & 1u);
+}
+
 }  // namespace
 #endif  // QG_INT8_HAVE_AVX2
 
@@ -544,48 +619,27 @@ bool rows_available() {
 #endif
 }
 
+// The entry points build a decoder on 8 rows of the source; without AVX2 they are never
+// called (rows_available() is false) and compile to nothing.
 #if QG_INT8_HAVE_AVX2
-#define QG_IF_AVX2(...) __VA_ARGS__
-#else
-#define QG_IF_AVX2(...)
-#endif
-
-#define QG_X(NAME, BLOCK, ELEMS)                                                                                  \
-    void rows_gguf(const BLOCK*, const uint8_t* const* row, int64_t K, const Q8Rows& x, float* acc, bool* ok) { \
-        QG_IF_AVX2({                                                                                              \
-            GgufRows<BLOCK> f;                                                                                    \
-            memcpy(f.row, row, sizeof f.row);                                                                     \
-            rows_run(f, K / ELEMS, x, acc, ok);                                                                   \
-        })                                                                                                        \
+#define QG_ROWS_ENTRIES(SRC, F, ELEMS)                                                                  \
+    void rows_kernel(const SRC& src, int g0, int64_t K, const Q8Rows& x, float* acc, bool* ok) {          \
+        rows_run(F(src, g0), K / (ELEMS), x, acc + g0, ok + g0);                                          \
+    }                                                                                                     \
+    void panel_fill(const SRC& src, int64_t k0, int64_t kc, const PanelOut& out, bool* ok) {              \
+        for (int h = 0; h < 2; ++h) panel_run(F(src, 8 * h), k0 / (ELEMS), kc / (ELEMS), h, out, ok);     \
     }
+#else
+#define QG_ROWS_ENTRIES(SRC, F, ELEMS)                                                             \
+    void rows_kernel(const SRC&, int, int64_t, const Q8Rows&, float*, bool*) {}                      \
+    void panel_fill(const SRC&, int64_t, int64_t, const PanelOut&, bool*) {}
+#endif
+#define QG_X(NAME, BLOCK, ELEMS) QG_ROWS_ENTRIES(GgufSrc<BLOCK>, GgufRows<BLOCK>, ELEMS)
 QG_GGUF_FORMATS(QG_X)
 #undef QG_X
-
-void rows_mxfp4(const uint8_t* const* blocks, const uint8_t* const* scales, int64_t K, const Q8Rows& x, float* acc,
-                bool* ok) {
-    QG_IF_AVX2({
-        Mxfp4Rows f;
-        memcpy(f.blocks, blocks, sizeof f.blocks);
-        memcpy(f.e, scales, sizeof f.e);
-        rows_run(f, K / MXFP4_BLOCK, x, acc, ok);
-    })
-}
-
-void rows_int4(const RowsInt4& w, int64_t K, const Q8Rows& x, float* acc, bool* ok) {
-    QG_IF_AVX2({
-        Int4Rows f;
-        for (int r = 0; r < GROUP; ++r) {
-            f.qweight[r] = w.qweight[r];
-            f.scales_row[r] = w.scales_row[r];
-            f.n[r] = w.n[r];
-        }
-        f.scale_dtype = w.scale_dtype;
-        f.qzeros = w.qzeros;
-        f.groups = w.groups;
-        f.group_size = w.group_size;
-        rows_run(f, K / Q8_BLOCK, x, acc, ok);
-    })
-}
+QG_ROWS_ENTRIES(Mxfp4Src, Mxfp4Rows, MXFP4_BLOCK)
+QG_ROWS_ENTRIES(Int4Src, Int4Rows, Q8_BLOCK)
+#undef QG_ROWS_ENTRIES
 
 }  // namespace cpu
 }  // namespace qg

@@ -25,19 +25,18 @@ qg_status cpu_mxfp4_gemm(const qg_context* ctx, const qg_mxfp4_gemm_args* a) {
     cpu::log_int8("mxfp4", "mxfp4", a->m, a->n, a->k);
     cpu::int8_gemm(
         ctx, cpu::KIND_MXFP4, a->m, a->n, a->k, a->x_dtype, a->x, a->ldx,
+        [&](int64_t n0, int count) {
+            cpu::Mxfp4Src src;
+            for (int r = 0; r < cpu::PANEL_ROWS; ++r) {
+                const int64_t n = cpu::panel_row(n0, count, r);
+                src.blocks[r] = row_blocks(n);
+                src.scales[r] = a->scales + n * nblk;
+            }
+            return src;
+        },
         [&](int64_t n, int64_t k0, int64_t kc, const cpu::Int8Out& out) {
             return cpu::decode_int8_mxfp4_row(row_blocks(n), a->scales + n * nblk, k0 / MXFP4_BLOCK,
                                               kc / MXFP4_BLOCK, out);
-        },
-        [&](int64_t n0, int count, const cpu::Q8Rows& x, float* acc, bool* ok) {
-            const uint8_t* blocks[cpu::ROWS_GROUP];
-            const uint8_t* scales[cpu::ROWS_GROUP];
-            for (int r = 0; r < cpu::ROWS_GROUP; ++r) {
-                const int64_t n = cpu::group_row(n0, count, r);
-                blocks[r] = row_blocks(n);
-                scales[r] = a->scales + n * nblk;
-            }
-            cpu::rows_mxfp4(blocks, scales, a->k, x, acc, ok);
         },
         fdecode, store);
     return QG_OK;

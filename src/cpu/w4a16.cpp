@@ -26,23 +26,23 @@ qg_status cpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a) {
     cpu::log_int8("w4a16", "int4", a->m, a->n, K);
     cpu::int8_gemm(
         ctx, cpu::KIND_INT4, a->m, a->n, K, a->x_dtype, a->x, a->ldx,
+        [&](int64_t n0, int count) {
+            cpu::Int4Src src;
+            for (int r = 0; r < cpu::PANEL_ROWS; ++r) {
+                const int64_t n = cpu::panel_row(n0, count, r);
+                src.qweight[r] = a->qweight + n * (K / 8);
+                src.scales_row[r] = scales_row(n);
+                src.n[r] = n;
+            }
+            src.scale_dtype = a->scale_dtype;
+            src.qzeros = qzeros;
+            src.groups = groups;
+            src.group_size = G;
+            return src;
+        },
         [&](int64_t n, int64_t k0, int64_t kc, const cpu::Int8Out& out) {
             return cpu::decode_int8_int4_row(a->qweight + n * (K / 8), scales_row(n), a->scale_dtype, qzeros, n,
                                              groups, G, k0, kc, out);
-        },
-        [&](int64_t n0, int count, const cpu::Q8Rows& x, float* acc, bool* ok) {
-            cpu::RowsInt4 w{};
-            for (int r = 0; r < cpu::ROWS_GROUP; ++r) {
-                const int64_t n = cpu::group_row(n0, count, r);
-                w.qweight[r] = a->qweight + n * (K / 8);
-                w.scales_row[r] = scales_row(n);
-                w.n[r] = n;
-            }
-            w.scale_dtype = a->scale_dtype;
-            w.qzeros = qzeros;
-            w.groups = groups;
-            w.group_size = G;
-            cpu::rows_int4(w, K, x, acc, ok);
         },
         fdecode, store);
     return QG_OK;
