@@ -66,13 +66,19 @@ def ctx():
 FP32_EXACT = 1  # qg_context_set_option "cpu_precision": 1 = fp32-exact (include/quantgemm.h)
 
 
-@pytest.fixture
-def fp32_exact():
+def pinned_precision(value: int):
+    """The shared CPU context with cpu_precision = value until the generator closes (back to 0,
+    auto): the body of a fixture."""
     import pyquant
     ctx = pyquant.cpu_context()
-    ctx.set_option("cpu_precision", FP32_EXACT)
+    ctx.set_option("cpu_precision", value)
     yield ctx
     ctx.set_option("cpu_precision", 0)
+
+
+@pytest.fixture
+def fp32_exact():
+    yield from pinned_precision(FP32_EXACT)
 
 
 @pytest.fixture

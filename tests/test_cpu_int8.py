@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import pyquant
-from conftest import FP32_EXACT, log_margin
+from conftest import FP32_EXACT, log_margin, pinned_precision
 from pyquant import formats as F
 from pyquant.formats import cpu_int8, int4 as int4_ref, mxfp4 as mxfp4_ref, reference
 
@@ -42,10 +42,7 @@ F64_SLACK = 2.0 ** -40
 
 @pytest.fixture
 def int8_ctx():
-    ctx = pyquant.cpu_context()
-    ctx.set_option("cpu_precision", INT8)
-    yield ctx
-    ctx.set_option("cpu_precision", 0)
+    yield from pinned_precision(INT8)
 
 
 # ---------------------------------------------------------------- operands

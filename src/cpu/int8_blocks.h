@@ -41,23 +41,24 @@ QG_INLINE void lut16_codes(const int8_t* table, const uint8_t* q, int shift, int
 template <class Block>
 struct Int8Block;
 
-template <>
-struct Int8Block<block_q8_0> {
+// Formats of one fp16 scale per 32 elements (q8_0, q4_0): sw = d.
+template <class Block>
+struct Int8BlockD {
     QG_INLINE static bool scales(const uint8_t* b, float* sw, float*, int32_t*, int) {
-        sw[0] = ld_f16(b + offsetof(block_q8_0, d));
+        sw[0] = ld_f16(b + offsetof(Block, d));
         return finite(sw[0]);
     }
+};
+
+template <>
+struct Int8Block<block_q8_0> : Int8BlockD<block_q8_0> {
     QG_INLINE static void codes(const uint8_t* b, int8_t* __restrict__ out) {
         memcpy(out, b + offsetof(block_q8_0, qs), 32);
     }
 };
 
 template <>
-struct Int8Block<block_q4_0> {
-    QG_INLINE static bool scales(const uint8_t* b, float* sw, float*, int32_t*, int) {
-        sw[0] = ld_f16(b + offsetof(block_q4_0, d));
-        return finite(sw[0]);
-    }
+struct Int8Block<block_q4_0> : Int8BlockD<block_q4_0> {
     // stored q = w + 8: element i < 16 = low nibble of qs[i], i + 16 = its high nibble
     QG_INLINE static void codes(const uint8_t* b, int8_t* __restrict__ out) {
         const uint8_t* __restrict__ qs = b + offsetof(block_q4_0, qs);
@@ -164,13 +165,8 @@ struct Int8Block<block_iq3_xxs> {
     QG_INLINE static void codes(const uint8_t* b, int8_t* __restrict__ out) {
         const uint8_t* qs = b + offsetof(block_iq3_xxs, qs);
         for (int j = 0; j < 8; ++j) {
-            const uint32_t aux = ld_u32(qs + QK_K / 4 + 4 * j);
-            uint32_t grid[8];
-            for (int l = 0; l < 8; ++l) grid[l] = iq3xxs_grid[qs[8 * j + l]];
             uint8_t mag[32];
-            memcpy(mag, grid, 32);
-            uint32_t signs = 0;
-            for (int g = 0; g < 4; ++g) signs |= (uint32_t)ksigns_iq2xs[(aux >> (7 * g)) & 127] << (8 * g);
+            const uint32_t signs = iq3_xxs_sub_block(qs, j, ld_u32(qs + QK_K / 4 + 4 * j), mag);
             int8_t* __restrict__ o = out + 32 * j;
             for (int e = 0; e < 32; ++e) {
                 const int neg = (int)((signs >> e) & 1u);  // 0 or 1: (m ^ -neg) + neg = neg ? -m : m

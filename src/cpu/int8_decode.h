@@ -54,32 +54,21 @@ static_assert(i16_safe(KIND_Q8_0, 128) && i16_safe(KIND_Q4_0, 15) && i16_safe(KI
                   i16_safe(KIND_MXFP4, 24) && i16_safe(KIND_INT4, 30),
               "a format's codes would overflow vpmaddubsw's int16 sums");
 
+// Int8Traits<Block>::kind: how the panel kernels take a GGUF format's codes.
 template <class Block>
 struct Int8Traits;
-template <>
-struct Int8Traits<block_q8_0> {
-    static constexpr Int8Kind kind = KIND_Q8_0;
-};
-template <>
-struct Int8Traits<block_q4_0> {
-    static constexpr Int8Kind kind = KIND_Q4_0;
-};
-template <>
-struct Int8Traits<block_q4_K> {
-    static constexpr Int8Kind kind = KIND_Q4_K;
-};
-template <>
-struct Int8Traits<block_q6_K> {
-    static constexpr Int8Kind kind = KIND_Q6_K;
-};
-template <>
-struct Int8Traits<block_iq4_xs> {
-    static constexpr Int8Kind kind = KIND_IQ4_XS;
-};
-template <>
-struct Int8Traits<block_iq3_xxs> {
-    static constexpr Int8Kind kind = KIND_IQ3_XXS;
-};
+#define QG_INT8_TRAITS(BLOCK, KIND)                  \
+    template <>                                      \
+    struct Int8Traits<BLOCK> {                       \
+        static constexpr Int8Kind kind = KIND;       \
+    };
+QG_INT8_TRAITS(block_q8_0, KIND_Q8_0)
+QG_INT8_TRAITS(block_q4_0, KIND_Q4_0)
+QG_INT8_TRAITS(block_q4_K, KIND_Q4_K)
+QG_INT8_TRAITS(block_q6_K, KIND_Q6_K)
+QG_INT8_TRAITS(block_iq4_xs, KIND_IQ4_XS)
+QG_INT8_TRAITS(block_iq3_xxs, KIND_IQ3_XXS)
+#undef QG_INT8_TRAITS
 
 // Row decoders (int8_decode.cpp, one clone per ISA level). Each decodes format blocks
 // [b0, b0 + nb) of one row (GGUF: blocks of 32 or 256; MXFP4: 32; int4: k in [k0, k0 + kc),

@@ -133,11 +133,18 @@ struct GgufRows {
 
 template <>
 const int GgufRows<block_q8_0>::MAX_CODE = 128;
-template <>
-QG_AVX2_INLINE unsigned GgufRows<block_q8_0>::scales8(int64_t fb, float* sw, float*, int32_t*) const {
-    const __m256 d = f16_rows(*this, fb, offsetof(block_q8_0, d));
+// q8_0, q4_0: sw = d, one fp16 per 32 elements
+template <class F>
+QG_AVX2_INLINE unsigned d_scales8(const F& f, int64_t fb, float* sw) {
+    const __m256 d = f16_rows(f, fb, 0);
     _mm256_store_ps(sw, d);
     return finite_mask(d);
+}
+static_assert(offsetof(block_q8_0, d) == 0 && offsetof(block_q4_0, d) == 0, "d_scales8 reads d at byte 0");
+
+template <>
+QG_AVX2_INLINE unsigned GgufRows<block_q8_0>::scales8(int64_t fb, float* sw, float*, int32_t*) const {
+    return d_scales8(*this, fb, sw);
 }
 template <>
 template <int J>
@@ -150,9 +157,7 @@ template <>
 const int GgufRows<block_q4_0>::MAX_CODE = 15;
 template <>
 QG_AVX2_INLINE unsigned GgufRows<block_q4_0>::scales8(int64_t fb, float* sw, float*, int32_t*) const {
-    const __m256 d = f16_rows(*this, fb, offsetof(block_q4_0, d));
-    _mm256_store_ps(sw, d);
-    return finite_mask(d);
+    return d_scales8(*this, fb, sw);
 }
 template <>
 template <int J>

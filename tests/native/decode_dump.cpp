@@ -10,6 +10,7 @@
 
 #include "cpu/dequant.h"
 #include "cpu/int8_decode.h"
+#include "dump_file.h"
 
 using namespace qg;
 using namespace qg::cpu;
@@ -55,15 +56,9 @@ void dump_gguf(FILE* f, int64_t nb, unsigned seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s OUT_FILE\n", argv[0]);
-        return 2;
-    }
-    FILE* f = fopen(argv[1], "wb");
-    if (f == nullptr) {
-        perror(argv[1]);
-        return 1;
-    }
+    int status = 0;
+    FILE* f = open_dump(argc, argv, &status);
+    if (f == nullptr) return status;
     unsigned seed = 1;
 #define QG_X(NAME, BLOCK, ELEMS) dump_gguf<BLOCK>(f, 4096 * 32 / ELEMS, seed++);
     QG_GGUF_FORMATS(QG_X)

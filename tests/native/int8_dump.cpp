@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "dump_file.h"
 #include "quantgemm.h"
 
 namespace {
@@ -48,15 +49,9 @@ bool check(qg_status st) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s OUT_FILE\n", argv[0]);
-        return 2;
-    }
-    FILE* f = fopen(argv[1], "wb");
-    if (f == nullptr) {
-        perror(argv[1]);
-        return 1;
-    }
+    int status = 0;
+    FILE* f = open_dump(argc, argv, &status);
+    if (f == nullptr) return status;
     qg_context* ctx = nullptr;
     if (!check(qg_context_create(QG_BACKEND_CPU, 0, &ctx)) || !check(qg_context_set_option(ctx, "cpu_precision", 2)))
         return 1;
