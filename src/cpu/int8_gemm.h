@@ -29,12 +29,13 @@ namespace cpu {
 constexpr int64_t CPU_PRECISION_FP32 = 1;
 constexpr int64_t CPU_PRECISION_INT8 = 2;
 
-// Auto takes the int8 path: it measured faster at every M on both machines in
-// bench/NOTES.md ("CPU tier"), and its numpy model is what the int8 tests compare with.
+// Auto takes the int8 path: it measured faster than the fp32-exact path for every format
+// at every M in bench/NOTES.md ("CPU tier: the int8 path"; one machine, AVX2), and its
+// numpy model is what the int8 tests compare with.
 inline bool use_int8(const qg_context* ctx) { return ctx == nullptr || ctx->cpu_precision != CPU_PRECISION_FP32; }
 
-// K elements decoded per panel pass: the row-major codes and the panel (16 rows each)
-// take 2 x 8 KiB of L1 beside the activations (bench/NOTES.md, "CPU tier").
+// K elements decoded per panel pass: the panel (16 rows) takes 8 KiB of L1 beside the
+// activations (not tuned: chosen to fit, like the fp32 path's TILE_K).
 constexpr int64_t INT8_TILE_K = 512;
 
 // Per-thread buffers of one panel.
