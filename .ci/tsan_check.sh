@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The CPU tier's worker pool under ThreadSanitizer (called by .ci/run): a TSan build of
-# the library (QG_GPU=off, one plain copy of the ISA-cloned loops: TSan crashes in ifunc
-# resolvers) and tests/native/pool_race.cpp, 16 user threads calling it at once. Any race
-# report aborts (halt_on_error=1). Python is not run under TSan (CPython crashes there).
+# The CPU tier's worker pool and its int8 and fp32-exact GEMMs under ThreadSanitizer (called
+# by .ci/run): a TSan build of the library (QG_GPU=off, one plain copy of the ISA-cloned
+# loops: TSan crashes in ifunc resolvers; the int8 kernels pick their level at run time,
+# without ifunc) and tests/native/pool_race.cpp, 16 user threads calling it at once. Any
+# race report aborts (halt_on_error=1). Python is not run under TSan (CPython crashes there).
 #   .ci/tsan_check.sh [BUILD_DIR]        (default build/tsan)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -166,6 +166,9 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
  *                    The numeric tier options apply to GPU contexts; qg_context_set_tier
  *                    names a tier of either backend.
  *   "split_k"      : 0 auto, else the split-K factor forced on decode tiers
+ *   "cpu_precision": CPU backend GEMMs (W4A16, GGUF, MXFP4): 0 auto (= 2), 1 fp32-exact (x and the
+ *                    decoded weight in fp32), 2 int8 (x quantized to int8 per 32 elements, integer
+ *                    dot products; rows holding NaN or inf take the fp32-exact path)
  * An unknown name or an out-of-range value is QG_ERR_INVALID_ARGUMENT. */
 QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_t value);
 /* Forces one tier of a kernel family by name, or "auto" to let the library choose again.

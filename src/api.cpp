@@ -701,6 +701,7 @@ QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_
         {"w4a16_tier", &qg_context::w4a16_tier, 0, 3, "0 auto, 1 portable SIMT, 2 decode, 3 prefill"},
         {"gguf_tier", &qg_context::gguf_tier, 0, 3, "0 auto, 1 float decode, 2 int8 mma decode, 3 prefill"},
         {"split_k", &qg_context::split_k, 0, 256, "0 (auto) .. 256"},
+        {"cpu_precision", &qg_context::cpu_precision, 0, 2, "0 auto, 1 fp32-exact, 2 int8"},
     };
     for (const Option& o : options) {
         if (strcmp(o.name, name) != 0) continue;
@@ -711,7 +712,7 @@ QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_
         if (o.field == &qg_context::gguf_tier) ctx->forced_tier[qg::FAMILY_GGUF] = nullptr;
         return QG_OK;
     }
-    return set_error(QG_ERR_INVALID_ARGUMENT, "unknown option \"%s\" (known: cpu_threads, w4a16_tier, gguf_tier, split_k)",
+    return set_error(QG_ERR_INVALID_ARGUMENT, "unknown option \"%s\" (known: cpu_threads, w4a16_tier, gguf_tier, split_k, cpu_precision)",
                      name);
 }
 

@@ -5,6 +5,9 @@
 - `rng`: a fresh numpy Generator per test; its seed is printed (pytest shows it with a
   failure) so a failing draw can be replayed with PYQUANT_TEST_SEED=<seed>.
 - `ctx` (CPU context), `gpu_ctx` (skips without a GPU).
+- `fp32_exact`: the shared CPU context on the fp32-exact path (cpu_precision = 1) for the
+  test, for tests whose bounds are the fp32 path's; the default int8 path is held to its
+  own model in tests/test_cpu_int8*.py. FP32_EXACT is the option value, for raw contexts.
 - `poisoned_output`, `assert_close`, `assert_bitwise_equal`: the checking helpers
   (DESIGN "Correctness contract": poisoned outputs with guard bands, normalised error
   with a named bound and the worst coordinate, first mismatch reported bit for bit).
@@ -58,6 +61,24 @@ def rng():
 def ctx():
     import pyquant
     return pyquant.cpu_context()
+
+
+FP32_EXACT = 1  # qg_context_set_option "cpu_precision": 1 = fp32-exact (include/quantgemm.h)
+
+
+def pinned_precision(value: int):
+    """The shared CPU context with cpu_precision = value until the generator closes (back to 0,
+    auto): the body of a fixture."""
+    import pyquant
+    ctx = pyquant.cpu_context()
+    ctx.set_option("cpu_precision", value)
+    yield ctx
+    ctx.set_option("cpu_precision", 0)
+
+
+@pytest.fixture
+def fp32_exact():
+    yield from pinned_precision(FP32_EXACT)
 
 
 @pytest.fixture

@@ -13,10 +13,15 @@ import numpy as np
 import pytest
 
 import pyquant
+from conftest import FP32_EXACT
 from pyquant import formats as F
 from pyquant.formats import int4 as int4_ref
 from pyquant.formats import mxfp4 as mxfp4_ref
 from pyquant.formats import reference
+
+# Every bound here is the fp32-exact path's (x and the decoded weight exact in fp32); the
+# int8 path, the default, is held to its own numpy model in tests/test_cpu_int8*.py.
+pytestmark = pytest.mark.usefixtures("fp32_exact")
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
@@ -224,6 +229,7 @@ def test_gguf_to_device_pads_rows_to_16_bytes(rng, fmt, assert_close):
     raw = spec.module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
     w = pyquant.GGUFWeight(fmt, raw)
     ctx = pyquant.Context("cpu")
+    ctx.set_option("cpu_precision", FP32_EXACT)
     wd = w.to_device(ctx)
     assert wd.ldw % 16 == 0 and wd.ldw - raw.shape[1] < 16 and wd.nbytes == w.nbytes
     assert w.to_device(ctx, row_align=None).ldw == raw.shape[1]

@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import log_margin
+from conftest import FP32_EXACT, log_margin
 from raw_gpu import RawGpu
 from pyquant import _lib as L
 from pyquant.formats import FORMATS, int4, mxfp4, reference
@@ -50,6 +50,8 @@ def cpu_ctx(threads=0):
     ctx = L.qg_context_p()
     L.qg_context_create(L.Backend.QG_BACKEND_CPU, 0, ctypes.byref(ctx))
     L.qg_context_set_option(ctx, b"cpu_threads", threads)
+    # the reference bounds here are the fp32-exact path's (tests/test_cpu_int8*.py: int8)
+    L.qg_context_set_option(ctx, b"cpu_precision", FP32_EXACT)
     return ctx
 
 

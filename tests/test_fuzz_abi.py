@@ -55,7 +55,7 @@ pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from conftest import log_margin  # noqa: E402
+from conftest import FP32_EXACT, log_margin  # noqa: E402
 from raw_gpu import RawGpu  # noqa: E402
 from pyquant import _lib as L  # noqa: E402
 from pyquant.formats import FORMATS, int4, int8_act, mxfp4, reference  # noqa: E402
@@ -619,6 +619,8 @@ def make_ctx(threads):
     ctx = L.qg_context_p()
     L.qg_context_create(L.Backend.QG_BACKEND_CPU, 0, ctypes.byref(ctx))
     L.qg_context_set_option(ctx, b"cpu_threads", threads)
+    # the result bounds here are the fp32-exact path's (tests/test_cpu_int8*.py: int8)
+    L.qg_context_set_option(ctx, b"cpu_precision", FP32_EXACT)
     return ctx
 
 

@@ -179,6 +179,7 @@ def test_gguf_expert_tensors(tmp_path, rng, assert_bitwise_equal):
                          "q8_0 experts")
 
 
+@pytest.mark.usefixtures("fp32_exact")  # gemm_bound is the fp32-exact path's
 def test_gguf_loaded_weights_multiply_like_the_reference(gguf_file, rng, assert_close):
     ckpt = load_gguf(gguf_file["path"])
     for name, (fmt, _raw, (n, k)) in gguf_file["quantized"].items():

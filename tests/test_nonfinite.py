@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from isolation import run_isolated
-from conftest import log_margin
+from conftest import FP32_EXACT, log_margin
 from raw_gpu import RawGpu
 from pyquant import _lib as L
 from pyquant.formats import FORMATS, int4, mxfp4, reference
@@ -49,6 +49,8 @@ GGUF_D_OFFSET = {"q8_0": 0, "q4_0": 0, "q4_K": 0, "q6_K": 208, "iq4_xs": 0, "iq3
 def cpu_ctx():
     ctx = L.qg_context_p()
     L.qg_context_create(L.Backend.QG_BACKEND_CPU, 0, ctypes.byref(ctx))
+    # these bounds are the fp32-exact path's; tests/test_cpu_int8*.py hold the int8 path
+    L.qg_context_set_option(ctx, b"cpu_precision", FP32_EXACT)
     return ctx
 
 

@@ -31,6 +31,7 @@ import pytest
 
 from isolation import run_isolated
 from raw_gpu import RawGpu
+from conftest import FP32_EXACT
 from pyquant import _lib as L
 from pyquant.formats import FORMATS, int4, mxfp4, reference
 
@@ -61,6 +62,8 @@ def call(fn, *args):
 def cpu_ctx():
     ctx = L.qg_context_p()
     L.qg_context_create(L.Backend.QG_BACKEND_CPU, 0, ctypes.byref(ctx))
+    # these bounds are the fp32-exact path's; tests/test_cpu_int8*.py hold the int8 path
+    L.qg_context_set_option(ctx, b"cpu_precision", FP32_EXACT)
     return ctx
 
 

@@ -21,20 +21,26 @@ constexpr int64_t M_BLOCK = 256;
 
 constexpr int64_t MIN_WORK_PER_THREAD = 1 << 16;
 
-// decode(n, k0, kc, dst): dequantized elements [k0, k0 + kc) of weight row n.
-// store(m, n, v): writes the fp32 result v of y[m, n] (rounding is the caller's).
-template <class Decode, class Store>
-void dense_gemm(const qg_context* ctx, int64_t M, int64_t N, int64_t K, qg_dtype x_dtype, const void* x,
-                int64_t ldx, Decode&& decode, Store&& store) {
-    // cpu_threads = 0 (automatic): a helper costs a wake-up (about 5 us), so each thread
-    // gets at least MIN_WORK_PER_THREAD units of work (5-10 us), a unit being one weight
-    // element decoded or four multiply-adds of it (decoding costs about as much as four
-    // activation rows). An explicit cpu_threads is used as given (up to one thread per tile).
+// Threads for an M x N x K GEMM. cpu_threads = 0 (automatic): a helper costs a wake-up
+// (about 5 us), so each thread gets at least MIN_WORK_PER_THREAD units of work (5-10 us),
+// a unit being one weight element decoded or four multiply-adds of it (decoding costs
+// about as much as four activation rows). An explicit cpu_threads is used as given (up to
+// one thread per tile).
+inline int gemm_threads(const qg_context* ctx, int64_t M, int64_t N, int64_t K) {
     int threads = thread_count(ctx);
     if (ctx == nullptr || ctx->cpu_threads <= 0) {
         const double work = (double)N * (double)K * (1.0 + (double)M / 4.0);
         threads = (int)std::max(1.0, std::min((double)threads, work / (double)MIN_WORK_PER_THREAD));
     }
+    return threads;
+}
+
+// decode(n, k0, kc, dst): dequantized elements [k0, k0 + kc) of weight row n.
+// store(m, n, v): writes the fp32 result v of y[m, n] (rounding is the caller's).
+template <class Decode, class Store>
+void dense_gemm(const qg_context* ctx, int64_t M, int64_t N, int64_t K, qg_dtype x_dtype, const void* x,
+                int64_t ldx, Decode&& decode, Store&& store) {
+    const int threads = gemm_threads(ctx, M, N, K);
     const int64_t n_tiles = (N + TILE_N - 1) / TILE_N;
     const int esize = dtype_bytes(x_dtype);
     std::vector<float> xf;

@@ -105,6 +105,18 @@ inline void lut16_pairs(const int8_t* table, const uint8_t* q, float scale, floa
 static const uint32_t iq3xxs_grid[256] = QG_IQ3XXS_GRID;
 static const uint8_t ksigns_iq2xs[128] = QG_KSIGNS_IQ2XS;
 
+// IQ3_XXS sub-block j (aux: its scale-and-signs word): the 32 grid magnitudes (byte 4l + b
+// of grid[] is byte b of grid entry l, little-endian) and the sign bits (bit e: element e
+// negative; four 7-bit indices into the 8-bit sign patterns).
+inline uint32_t iq3_xxs_sub_block(const uint8_t* qs, int j, uint32_t aux, uint8_t mag[32]) {
+    uint32_t grid[8];
+    for (int l = 0; l < 8; ++l) grid[l] = iq3xxs_grid[qs[8 * j + l]];
+    memcpy(mag, grid, 32);
+    uint32_t signs = 0;
+    for (int g = 0; g < 4; ++g) signs |= (uint32_t)ksigns_iq2xs[(aux >> (7 * g)) & 127] << (8 * g);
+    return signs;
+}
+
 // Block decoders: Decoder<block>::decode(block bytes, out[elems]).
 template <class Block>
 struct Decoder;
@@ -236,14 +248,8 @@ struct Decoder<block_iq3_xxs> {
         for (int j = 0; j < 8; ++j) {
             const uint32_t aux = ld_u32(qs + QK_K / 4 + 4 * j);
             const float db = (d * (0.5f + (float)(aux >> 28))) * 0.5f;
-            // the 32 magnitudes: byte 4l + b of grid[] is byte b of grid entry l (little-endian)
-            uint32_t grid[8];
-            for (int l = 0; l < 8; ++l) grid[l] = iq3xxs_grid[qs[8 * j + l]];
             uint8_t mag[32];
-            memcpy(mag, grid, 32);
-            // bit e of signs: element e negative (four 8-bit sign patterns)
-            uint32_t signs = 0;
-            for (int g = 0; g < 4; ++g) signs |= (uint32_t)ksigns_iq2xs[(aux >> (7 * g)) & 127] << (8 * g);
+            const uint32_t signs = iq3_xxs_sub_block(qs, j, aux, mag);
             float* __restrict__ o = out + 32 * j;
             for (int e = 0; e < 32; ++e) {
                 // +-1.0f from the sign bit, without a branch (random signs mispredict)

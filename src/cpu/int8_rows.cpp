@@ -1,0 +1,651 @@
+// The small-M kernels of the int8 path (int8_kernels.h, rows_*): weight rows read in their
+// own layout and decoded in registers, 8 rows at a time, against M <= ROWS_M activation
+// rows. At M = 1 a weight is used once, so decoding it to a panel first (a store and a
+// load of every code, and a transpose) cost more than the multiply: one thread, q4_K
+// 7168x4096, 7.5 ms of CPU time through the panel against 3.9 here.
+//
+// Lanes run along K here. One ymm holds 16 codes of weight row r (low 128 bits) and of row
+// r + 4 (high), so a pass over 8 rows is 4 such pairs; vpmaddubsw gives the products in
+// pairs, and a transpose-and-add of the 4 pairs' vectors gives the rows' exact block sums
+// D, rows 0..3 in the low half and 4..7 in the high. From D on, the arithmetic is the
+// panel kernels' (the same float32 operations in the same order): both paths give the same
+// bits. This Zen 1 core decodes about 4 instructions a cycle, which bounds this kernel more
+// than its one integer multiplier does: instructions are what the layout saves.
+#include <string.h>
+
+#include "cpu/int8_rows.h"
+
+#include "cpu/cpu_isa.h"
+#include "cpu/int8_avx2.h"
+#include "cpu/int8_blocks.h"
+
+namespace qg {
+namespace cpu {
+
+#if QG_INT8_HAVE_AVX2
+namespace {
+
+constexpr int GROUP = ROWS_GROUP;  // weight rows per pass: one ymm of block sums
+// Bytes ahead of each row's reads that the kernel prefetches, once a cache line (8 rows
+// stream at once); 256, 2048 and 4096 measured within this VM's noise of it.
+constexpr int PREFETCH_BYTES = 1024;
+
+// Rows r (low 128 bits) and r + 4 (high) of 16 bytes each.
+QG_AVX2_INLINE __m256i load2(const uint8_t* r, const uint8_t* r4) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)r)),
+                                   _mm_loadu_si128((const __m128i*)r4), 1);
+}
+QG_AVX2_INLINE __m256i set2(int32_t a, int32_t b) { return _mm256_setr_epi32(a, a, a, a, b, b, b, b); }
+
+// 16 bytes of each lane -> elements i (low nibble of byte i) in lo, i + 16 (its high) in hi
+QG_AVX2_INLINE void nibbles_lo_hi(__m256i c, __m256i& lo, __m256i& hi) {
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    lo = _mm256_and_si256(c, m);
+    hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), m);
+}
+// ... -> elements 2i, 2i + 1 = the low, high nibble of byte i (vpunpck works per lane)
+QG_AVX2_INLINE void nibbles_interleaved(__m256i c, __m256i& lo, __m256i& hi) {
+    __m256i l, h;
+    nibbles_lo_hi(c, l, h);
+    lo = _mm256_unpacklo_epi8(l, h);
+    hi = _mm256_unpackhi_epi8(l, h);
+}
+
+QG_AVX2_INLINE __m256i table16(const int8_t* t) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)t));
+}
+
+// Lanes r of v whose exponent is not all ones (finite), as bits r of the result.
+QG_AVX2_INLINE unsigned finite_mask(__m256 v) {
+    const __m256 e = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
+    return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, e), e, _CMP_NEQ_OQ));
+}
+
+// out[j] = lane r of in[r] for j, r < 8 (8 x 8 floats transposed).
+QG_AVX2_INLINE void transpose8(const __m256* in, float* out) {
+    const __m256 t0 = _mm256_unpacklo_ps(in[0], in[1]), t1 = _mm256_unpackhi_ps(in[0], in[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(in[2], in[3]), t3 = _mm256_unpackhi_ps(in[2], in[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(in[4], in[5]), t5 = _mm256_unpackhi_ps(in[4], in[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(in[6], in[7]), t7 = _mm256_unpackhi_ps(in[6], in[7]);
+    const __m256 u[8] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xee),
+                         _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xee),
+                         _mm256_shuffle_ps(t4, t6, 0x44), _mm256_shuffle_ps(t4, t6, 0xee),
+                         _mm256_shuffle_ps(t5, t7, 0x44), _mm256_shuffle_ps(t5, t7, 0xee)};
+    for (int j = 0; j < 4; ++j) {  // u[j]: rows 0..3 in the low half, 4..7 in the high, j and j + 4
+        _mm256_store_ps(out + 8 * j, _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
+        _mm256_store_ps(out + 8 * (j + 4), _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
+    }
+}
+
+// The fp16 at byte offset `off` of each row's format block fb, as 8 floats (F16C converts
+// exactly, as f16_to_f32 does; a NaN's bits may differ, but a NaN scale sends its row to
+// the fp32-exact path). Packed in general registers (the empty asm keeps GCC from turning
+// it into vector inserts): the shuffle pipes are the busiest ones in this kernel, and 8
+// vpinsrw cost 10 % of an M = 1 GEMM.
+template <class F>
+QG_AVX2_INLINE __m256 f16_rows(const F& f, int64_t fb, int off) {
+    uint64_t h[2];
+    for (int q = 0; q < 2; ++q) {
+        uint64_t v = 0;
+        for (int r = 0; r < 4; ++r) v |= (uint64_t)ld_u16(f.at(4 * q + r, fb) + off) << (16 * r);
+        __asm__("" : "+r"(v));
+        h[q] = v;
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0]));
+}
+
+// ---------------------------------------------------------------- formats
+// Each gives, for the 8 weight rows of a pass and format block fb:
+//   scales8(fb, sw, mw, sub): the scales of int8_blocks.h, sw[j * 8 + r] and mw[j * 8 + r]
+//       for its 32-element blocks j, sub[r * 16 + u] (q6_K) for its 16-element parts u
+//       (int4: sub[r], row r's zero-point); returns the rows whose scales are all finite,
+//       as bits;
+//   codes(i, fb, j, lo, hi): rows i and i + 4 (i < 4) of 32-element block j, elements
+//       0..15 in lo and 16..31 in hi, each row in its own 128-bit half; as w (SIGNED) or as
+//       w + OFF (unsigned; int4: w + z of the row's group, the kernel taking z * S off),
+//       |code| <= MAX_CODE;
+//   prefetch(fb): the rows' bytes PREFETCH_BYTES ahead, once a cache line.
+
+template <class Block>
+struct GgufRows {
+    static constexpr Int8Kind kind = Int8Traits<Block>::kind;
+    static constexpr int SUBS = Decoder<Block>::elems / Q8_BLOCK;
+    static constexpr int BYTES = (int)sizeof(Block);
+    static constexpr bool SIGNED = kind.offset < 0, SUB = kind.sub, MW = kind.mw, ROW_OFF = false;
+    static constexpr int OFF = SIGNED ? 0 : kind.offset;
+    static const int MAX_CODE;
+    // the panel's representation of a row pair's codes (the same as this decoder's here)
+    QG_AVX2_INLINE void to_panel(int, const int32_t*, __m256i&, __m256i&) const {}
+    const uint8_t* row[GROUP];
+    GgufRows(const GgufSrc<Block>& src, int g0) {
+        for (int r = 0; r < GROUP; ++r) row[r] = src.row[g0 + r];
+    }
+    QG_AVX2_INLINE const uint8_t* at(int r, int64_t fb) const { return row[r] + fb * BYTES; }
+    QG_AVX2_INLINE void prefetch(int64_t fb) const {
+        if (((fb * BYTES) & 63) < BYTES)
+            for (int r = 0; r < GROUP; ++r) _mm_prefetch((const char*)at(r, fb) + PREFETCH_BYTES, _MM_HINT_T0);
+    }
+    QG_AVX2_INLINE unsigned scales8(int64_t fb, float* sw, float* mw, int32_t* sub) const;
+    template <int J>
+    QG_AVX2_INLINE void codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const;
+    QG_AVX2_INLINE __m256i at2(int i, int64_t fb, int off) const { return load2(at(i, fb) + off, at(i + 4, fb) + off); }
+};
+
+template <>
+const int GgufRows<block_q8_0>::MAX_CODE = 128;
+// q8_0, q4_0: sw = d, one fp16 per 32 elements
+template <class F>
+QG_AVX2_INLINE unsigned d_scales8(const F& f, int64_t fb, float* sw) {
+    const __m256 d = f16_rows(f, fb, 0);
+    _mm256_store_ps(sw, d);
+    return finite_mask(d);
+}
+static_assert(offsetof(block_q8_0, d) == 0 && offsetof(block_q4_0, d) == 0, "d_scales8 reads d at byte 0");
+
+template <>
+QG_AVX2_INLINE unsigned GgufRows<block_q8_0>::scales8(int64_t fb, float* sw, float*, int32_t*) const {
+    return d_scales8(*this, fb, sw);
+}
+template <>
+template <int J>
+QG_AVX2_INLINE void GgufRows<block_q8_0>::codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
+    lo = at2(i, fb, offsetof(block_q8_0, qs));
+    hi = at2(i, fb, offsetof(block_q8_0, qs) + 16);
+}
+
+template <>
+const int GgufRows<block_q4_0>::MAX_CODE = 15;
+template <>
+QG_AVX2_INLINE unsigned GgufRows<block_q4_0>::scales8(int64_t fb, float* sw, float*, int32_t*) const {
+    return d_scales8(*this, fb, sw);
+}
+template <>
+template <int J>
+QG_AVX2_INLINE void GgufRows<block_q4_0>::codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
+    nibbles_lo_hi(at2(i, fb, offsetof(block_q4_0, qs)), lo, hi);
+}
+
+// q4_K: the 6-bit scales and mins of the 8 sub-blocks as bytes (ggml's kmask trick on the
+// 12 scale bytes; the same values as q4_K_scale_min), times d and dmin for each row.
+template <>
+const int GgufRows<block_q4_K>::MAX_CODE = 15;
+template <>
+QG_AVX2_INLINE unsigned GgufRows<block_q4_K>::scales8(int64_t fb, float* sw, float* mw, int32_t*) const {
+    const __m256 d = f16_rows(*this, fb, offsetof(block_q4_K, d));
+    const __m256 dmin = f16_rows(*this, fb, offsetof(block_q4_K, dmin));
+    alignas(32) float dr[GROUP], mr[GROUP];
+    _mm256_store_ps(dr, d);
+    _mm256_store_ps(mr, dmin);
+    __m256 sc[GROUP], mn[GROUP];
+    for (int r = 0; r < GROUP; ++r) {
+        uint32_t u[3], t[4];
+        memcpy(u, at(r, fb) + offsetof(block_q4_K, scales), 12);
+        t[0] = u[0] & 0x3f3f3f3fu;                                                // sc 0..3
+        t[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);         // sc 4..7
+        t[2] = u[1] & 0x3f3f3f3fu;                                                // m 0..3
+        t[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // m 4..7
+        const __m128i bytes = _mm_loadu_si128((const __m128i*)t);
+        sc[r] = _mm256_mul_ps(_mm256_broadcast_ss(dr + r), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
+        mn[r] = _mm256_mul_ps(_mm256_broadcast_ss(mr + r),
+                              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))));
+    }
+    transpose8(sc, sw);
+    transpose8(mn, mw);
+    return finite_mask(d) & finite_mask(dmin);
+}
+template <>
+template <int J>
+QG_AVX2_INLINE void GgufRows<block_q4_K>::codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
+    constexpr int j = J;
+    const int off = offsetof(block_q4_K, qs) + 32 * (j / 2);  // sub-block 2c: low nibbles, 2c + 1: high
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    lo = at2(i, fb, off);
+    hi = at2(i, fb, off + 16);
+    if constexpr (j & 1) {
+        lo = _mm256_srli_epi16(lo, 4);
+        hi = _mm256_srli_epi16(hi, 4);
+    }
+    lo = _mm256_and_si256(lo, m);
+    hi = _mm256_and_si256(hi, m);
+}
+
+template <>
+const int GgufRows<block_q6_K>::MAX_CODE = 32;
+template <>
+QG_AVX2_INLINE unsigned GgufRows<block_q6_K>::scales8(int64_t fb, float* sw, float*, int32_t* sub) const {
+    const __m256 d = f16_rows(*this, fb, offsetof(block_q6_K, d));
+    for (int j = 0; j < SUBS; ++j) _mm256_store_ps(sw + j * GROUP, d);
+    for (int r = 0; r < GROUP; ++r) {  // int8 scales -> int16 in both halves of an int32
+        const __m256i s16 =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(at(r, fb) + offsetof(block_q6_K, scales))));
+        const __m256i lo = _mm256_unpacklo_epi16(s16, s16), hi = _mm256_unpackhi_epi16(s16, s16);
+        // unpack works per 128-bit lane: lo = parts 0..3 | 8..11, hi = 4..7 | 12..15
+        _mm_storeu_si128((__m128i*)(sub + r * 16 + 0), _mm256_castsi256_si128(lo));
+        _mm_storeu_si128((__m128i*)(sub + r * 16 + 4), _mm256_castsi256_si128(hi));
+        _mm_storeu_si128((__m128i*)(sub + r * 16 + 8), _mm256_extracti128_si256(lo, 1));
+        _mm_storeu_si128((__m128i*)(sub + r * 16 + 12), _mm256_extracti128_si256(hi, 1));
+    }
+    return finite_mask(d);
+}
+template <>
+template <int J>
+QG_AVX2_INLINE void GgufRows<block_q6_K>::codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
+    constexpr int j = J;
+    constexpr int h = j / 4, part = j % 4;  // Decoder<block_q6_K>: r = 32 part + i within half h
+    const int ql = offsetof(block_q6_K, ql) + 64 * h + 32 * (part & 1), qh = offsetof(block_q6_K, qh) + 32 * h;
+    __m256i c[2];
+    for (int k = 0; k < 2; ++k) {
+        const __m256i l =
+            _mm256_and_si256(_mm256_srli_epi16(at2(i, fb, ql + 16 * k), 4 * (part >> 1)), _mm256_set1_epi8(0x0f));
+        const __m256i u = _mm256_and_si256(_mm256_srli_epi16(at2(i, fb, qh + 16 * k), 2 * part), _mm256_set1_epi8(0x03));
+        c[k] = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(u, 4)), _mm256_set1_epi8(32));
+    }
+    lo = c[0];
+    hi = c[1];
+}
+
+// iq4_xs: ls_j = (nibble j%2 of scales_l[j/2]) | (bits 2j..2j+1 of scales_h) << 4, one lane per j
+template <>
+const int GgufRows<block_iq4_xs>::MAX_CODE = 127;
+template <>
+QG_AVX2_INLINE unsigned GgufRows<block_iq4_xs>::scales8(int64_t fb, float* sw, float*, int32_t*) const {
+    const __m256 d = f16_rows(*this, fb, offsetof(block_iq4_xs, d));
+    alignas(32) float dr[GROUP];
+    _mm256_store_ps(dr, d);
+    const __m256i lo_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i hi_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    __m256 v[GROUP];
+    for (int r = 0; r < GROUP; ++r) {
+        const uint8_t* b = at(r, fb);
+        const __m256i sl = _mm256_set1_epi32((int)ld_u32(b + offsetof(block_iq4_xs, scales_l)));
+        const __m256i sh = _mm256_set1_epi32((int)ld_u16(b + offsetof(block_iq4_xs, scales_h)));
+        const __m256i ls = _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(sl, lo_shift), _mm256_set1_epi32(15)),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(sh, hi_shift),
+                                                                              _mm256_set1_epi32(3)),
+                                                             4));
+        v[r] = _mm256_mul_ps(_mm256_broadcast_ss(dr + r),
+                             _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
+    }
+    transpose8(v, sw);
+    return finite_mask(d);
+}
+template <>
+template <int J>
+QG_AVX2_INLINE void GgufRows<block_iq4_xs>::codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
+    constexpr int j = J;
+    nibbles_lo_hi(at2(i, fb, offsetof(block_iq4_xs, qs) + 16 * j), lo, hi);
+    lo = _mm256_shuffle_epi8(table16(kvalues_iq4nl), lo);
+    hi = _mm256_shuffle_epi8(table16(kvalues_iq4nl), hi);
+}
+
+// iq3_xxs: db_j = (d * (0.5 + s_j)) * 0.5, s_j the top 4 bits of sub-block j's word
+template <>
+const int GgufRows<block_iq3_xxs>::MAX_CODE = 62;
+template <>
+QG_AVX2_INLINE unsigned GgufRows<block_iq3_xxs>::scales8(int64_t fb, float* sw, float*, int32_t*) const {
+    const __m256 d = f16_rows(*this, fb, offsetof(block_iq3_xxs, d));
+    alignas(32) float dr[GROUP];
+    _mm256_store_ps(dr, d);
+    const __m256 half = _mm256_set1_ps(0.5f);
+    __m256 v[GROUP];
+    for (int r = 0; r < GROUP; ++r) {
+        const __m256i aux = _mm256_loadu_si256((const __m256i*)(at(r, fb) + offsetof(block_iq3_xxs, qs) + QK_K / 4));
+        const __m256 s = _mm256_cvtepi32_ps(_mm256_srli_epi32(aux, 28));
+        v[r] = _mm256_mul_ps(_mm256_mul_ps(_mm256_broadcast_ss(dr + r), _mm256_add_ps(half, s)), half);
+    }
+    transpose8(v, sw);
+    return finite_mask(d);  // db is finite where d is: |d| <= 65504 and s <= 15
+}
+template <>
+template <int J>
+QG_AVX2_INLINE void GgufRows<block_iq3_xxs>::codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
+    constexpr int j = J;
+    const uint8_t* q0 = at(i, fb) + offsetof(block_iq3_xxs, qs);
+    const uint8_t* q4 = at(i + 4, fb) + offsetof(block_iq3_xxs, qs);
+    const uint8_t *a = q0 + 8 * j, *b = q4 + 8 * j;  // grid indices, 4 elements each
+    const auto sign_bits = [](const uint8_t* qs, int j) {  // bit e: element e negative
+        const uint32_t aux = ld_u32(qs + QK_K / 4 + 4 * j);
+        uint32_t s = 0;
+        for (int g = 0; g < 4; ++g) s |= (uint32_t)ksigns_iq2xs[(aux >> (7 * g)) & 127] << (8 * g);
+        return (int32_t)s;
+    };
+    const __m256i s32 = set2(sign_bits(q0, j), sign_bits(q4, j));
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i c[2];
+    for (int k = 0; k < 2; ++k) {  // elements 16k .. 16k + 15 of both rows
+        const uint8_t *x = a + 4 * k, *y = b + 4 * k;
+        const __m256i mag = _mm256_setr_epi32(
+            (int)iq3xxs_grid[x[0]], (int)iq3xxs_grid[x[1]], (int)iq3xxs_grid[x[2]], (int)iq3xxs_grid[x[3]],
+            (int)iq3xxs_grid[y[0]], (int)iq3xxs_grid[y[1]], (int)iq3xxs_grid[y[2]], (int)iq3xxs_grid[y[3]]);
+        // byte e of the mask is all ones where sign bit 16k + e is set: byte 2k + e/8 of
+        // the row's sign word to every byte, then one bit test per byte
+        const char b0 = (char)(2 * k), b1 = (char)(2 * k + 1);
+        const __m256i spread = _mm256_shuffle_epi8(
+            s32, _mm256_setr_epi8(b0, b0, b0, b0, b0, b0, b0, b0, b1, b1, b1, b1, b1, b1, b1, b1, b0, b0, b0, b0, b0,
+                                  b0, b0, b0, b1, b1, b1, b1, b1, b1, b1, b1));
+        const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+        c[k] = _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);  // neg ? -mag : mag
+    }
+    lo = c[0];
+    hi = c[1];
+}
+
+struct Mxfp4Rows {
+    static constexpr int SUBS = 1;
+    // signed here (|w| <= 12 sums 16 products in int16; the panel stores w + 12)
+    static constexpr bool SIGNED = true, SUB = false, MW = false, ROW_OFF = false;
+    static constexpr int OFF = 0, MAX_CODE = 12;
+    const uint8_t* blocks[GROUP];  // [K/32][16] of each row
+    const uint8_t* e[GROUP];       // [K/32]
+    Mxfp4Rows(const Mxfp4Src& src, int g0) {
+        for (int r = 0; r < GROUP; ++r) {
+            blocks[r] = src.blocks[g0 + r];
+            e[r] = src.scales[g0 + r];
+        }
+    }
+    // the panel stores w + 12 (KIND_MXFP4)
+    QG_AVX2_INLINE void to_panel(int, const int32_t*, __m256i& lo, __m256i& hi) const {
+        lo = _mm256_add_epi8(lo, _mm256_set1_epi8((char)KIND_MXFP4.offset));
+        hi = _mm256_add_epi8(hi, _mm256_set1_epi8((char)KIND_MXFP4.offset));
+    }
+    QG_AVX2_INLINE void prefetch(int64_t fb) const {
+        if ((fb & 3) == 0)
+            for (int r = 0; r < GROUP; ++r)
+                _mm_prefetch((const char*)blocks[r] + fb * MXFP4_BLOCK_BYTES + PREFETCH_BYTES, _MM_HINT_T0);
+    }
+    QG_AVX2_INLINE unsigned scales8(int64_t fb, float* sw, float*, int32_t*) const {
+        unsigned ok = 0;
+        for (int r = 0; r < GROUP; ++r) ok |= (mxfp4_scale(e[r][fb], sw + r) ? 1u : 0u) << r;
+        return ok;
+    }
+    template <int J>
+    QG_AVX2_INLINE void codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
+        nibbles_interleaved(load2(blocks[i] + fb * MXFP4_BLOCK_BYTES, blocks[i + 4] + fb * MXFP4_BLOCK_BYTES), lo, hi);
+        lo = _mm256_shuffle_epi8(table16(kvalues_mxfp4_x2), lo);
+        hi = _mm256_shuffle_epi8(table16(kvalues_mxfp4_x2), hi);
+    }
+};
+
+struct Int4Rows {
+    static constexpr int SUBS = 1;
+    // the nibbles q as they are, the kernel taking z * S off (the panel stores q - z + 15)
+    static constexpr bool SIGNED = false, SUB = false, MW = false, ROW_OFF = true;
+    static constexpr int OFF = 0, MAX_CODE = 15;
+    const int32_t* qweight[GROUP];  // [K/8] of each row
+    const void* scales_row[GROUP];  // [K/G]
+    int64_t n[GROUP];               // the row's index (for its zero-point)
+    qg_dtype scale_dtype;
+    const int32_t* qzeros;
+    int64_t groups;
+    int group_size;
+    Int4Rows(const Int4Src& src, int g0)
+        : scale_dtype(src.scale_dtype), qzeros(src.qzeros), groups(src.groups), group_size(src.group_size) {
+        for (int r = 0; r < GROUP; ++r) {
+            qweight[r] = src.qweight[g0 + r];
+            scales_row[r] = src.scales_row[g0 + r];
+            n[r] = src.n[g0 + r];
+        }
+    }
+    // the panel stores q - z + 15 (KIND_INT4): z of rows i, i + 4 from scales8's sub[]
+    QG_AVX2_INLINE void to_panel(int i, const int32_t* sub, __m256i& lo, __m256i& hi) const {
+        const __m256i add = _mm256_sub_epi8(_mm256_set1_epi8((char)KIND_INT4.offset),
+                                            _mm256_setr_epi32(sub[i], sub[i], sub[i], sub[i], sub[i + 4], sub[i + 4],
+                                                              sub[i + 4], sub[i + 4]));
+        // sub[] holds z (< 16) in the low byte of each word: spread it to every byte
+        const __m256i bytes = _mm256_shuffle_epi8(add, _mm256_setzero_si256());
+        lo = _mm256_add_epi8(lo, bytes);
+        hi = _mm256_add_epi8(hi, bytes);
+    }
+    QG_AVX2_INLINE void prefetch(int64_t fb) const {
+        if ((fb & 3) == 0)
+            for (int r = 0; r < GROUP; ++r)
+                _mm_prefetch((const char*)(qweight[r] + 4 * fb) + PREFETCH_BYTES, _MM_HINT_T0);
+    }
+    // The current group's scales and zero-points, decoded when a block starts a new group
+    // (G / 32 blocks share them).
+    mutable int64_t group = -1;
+    mutable unsigned group_ok = 0;
+    alignas(32) mutable float gs[GROUP];
+    alignas(32) mutable int32_t gz[GROUP];
+    // sub[r]: the zero-point z of row r's group (int16 pairs (z, 0) for vpmaddwd)
+    QG_AVX2_INLINE unsigned scales8(int64_t fb, float* sw, float*, int32_t* sub) const {
+        const int64_t g = fb * Q8_BLOCK / group_size;
+        if (g != group) {
+            group = g;
+            group_ok = 0;
+            for (int r = 0; r < GROUP; ++r) {
+                int b;
+                group_ok |= (int4_group(scales_row[r], scale_dtype, qzeros, n[r], groups, g, gs + r, &b) ? 1u : 0u) << r;
+                gz[r] = KIND_INT4.offset - b;
+            }
+        }
+        _mm256_store_ps(sw, _mm256_load_ps(gs));
+        _mm256_store_si256((__m256i*)sub, _mm256_load_si256((const __m256i*)gz));
+        return group_ok;
+    }
+    template <int J>
+    QG_AVX2_INLINE void codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
+        nibbles_interleaved(load2((const uint8_t*)(qweight[i] + 4 * fb), (const uint8_t*)(qweight[i + 4] + 4 * fb)), lo,
+                            hi);
+    }
+    // z of each row (from scales8) times the activation sum S: vpmaddwd of (z, 0) with S
+    // in the low half
+    QG_AVX2_INLINE __m256i zero_times(const int32_t* sub, int32_t sum) const {
+        return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i*)sub), _mm256_set1_epi32(sum));
+    }
+};
+
+// ---------------------------------------------------------------- the kernel
+
+// Block sums of rows i, i + 4 from their partial sums t0..t3 (pairs (0, 4), (1, 5), ...),
+// exact; the int32 lane r of the result = row r:
+//   int32 partials (4 lanes per row): pairs [a0+a2, b0+b2, a1+a3, b1+b3], then [a, b, c, d];
+//   int16 partials (8 lanes per row, when 16 products fit in int16): pairs
+//       [a0+a4, b0+b4, a1+a5, ...], then [a0246, b0246, c0246, d0246, a1357, ...], then
+//       widened (unpacked with their signs) and the two halves added.
+// Every step works within 128-bit lanes: rows 0..3 in the low one, 4..7 in the high.
+QG_AVX2_INLINE __m256i sum4_i32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+    const __m256i cd = _mm256_add_epi32(_mm256_unpacklo_epi32(c, d), _mm256_unpackhi_epi32(c, d));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+}
+QG_AVX2_INLINE __m256i sum4_i16(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i ab = _mm256_add_epi16(_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b));
+    const __m256i cd = _mm256_add_epi16(_mm256_unpacklo_epi16(c, d), _mm256_unpackhi_epi16(c, d));
+    const __m256i w = _mm256_add_epi16(_mm256_unpacklo_epi32(ab, cd), _mm256_unpackhi_epi32(ab, cd));
+    const __m256i sign = _mm256_srai_epi16(w, 15);
+    return _mm256_add_epi32(_mm256_unpacklo_epi16(w, sign), _mm256_unpackhi_epi16(w, sign));
+}
+
+// The exact sums D of 32-element block j of format block fb, 8 rows (lane r = row r),
+// for activation rows 0 .. MR - 1; vpmaddubsw takes the codes unsigned: signed ones as
+// |w| times q with w's sign.
+template <class F, int MR, int J>
+QG_AVX2_INLINE void block_sums(const F& f, int64_t fb, const Q8Rows& x, const int32_t* sub, __m256i* d) {
+    constexpr int j = J;
+    // int16 partial sums through the tree while 16 products fit: 16 * max|w| * 127 < 2^15
+    constexpr bool TREE16 = !F::SUB && 16 * F::MAX_CODE * 127 <= 32767;
+    const int64_t b = fb * F::SUBS + j;
+    __m256i xl[MR], xh[MR];  // the block's activations, in both halves of each ymm
+    for (int m = 0; m < MR; ++m) {
+        const int8_t* q = x.q + m * x.ldq + b * Q8_BLOCK;
+        xl[m] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)q));
+        xh[m] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(q + 16)));
+    }
+    __m256i t[4][MR];  // rows (i, i + 4): int16 (TREE16) or int32 partial sums
+    for (int i = 0; i < 4; ++i) {
+        __m256i cl, ch;
+        f.template codes<J>(i, fb, cl, ch);
+        const __m256i al = F::SIGNED ? _mm256_abs_epi8(cl) : cl, ah = F::SIGNED ? _mm256_abs_epi8(ch) : ch;
+        for (int m = 0; m < MR; ++m) {
+            const __m256i pl = _mm256_maddubs_epi16(al, F::SIGNED ? _mm256_sign_epi8(xl[m], cl) : xl[m]);
+            const __m256i ph = _mm256_maddubs_epi16(ah, F::SIGNED ? _mm256_sign_epi8(xh[m], ch) : xh[m]);
+            if constexpr (TREE16) {
+                t[i][m] = _mm256_add_epi16(pl, ph);
+            } else {
+                const __m256i ones = _mm256_set1_epi16(1);
+                const __m256i sl = F::SUB ? set2(sub[i * 16 + 2 * j], sub[(i + 4) * 16 + 2 * j]) : ones;
+                const __m256i sh = F::SUB ? set2(sub[i * 16 + 2 * j + 1], sub[(i + 4) * 16 + 2 * j + 1]) : ones;
+                t[i][m] = _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh));
+            }
+        }
+    }
+    for (int m = 0; m < MR; ++m) {
+        d[m] = TREE16 ? sum4_i16(t[0][m], t[1][m], t[2][m], t[3][m]) : sum4_i32(t[0][m], t[1][m], t[2][m], t[3][m]);
+        const int32_t sum = x.S[m * x.lds + b];
+        if constexpr (F::OFF != 0) d[m] = _mm256_sub_epi32(d[m], _mm256_set1_epi32(F::OFF * sum));
+        if constexpr (F::ROW_OFF) d[m] = _mm256_sub_epi32(d[m], f.zero_times(sub, sum));
+    }
+}
+
+// The float steps of block b for 8 rows: facc += float(d) * (sw * dx), minus the min term.
+template <class F, int MR>
+QG_AVX2_INLINE void block_update(__m256* facc, const __m256i* d, const float* sw, const float* mw, const Q8Rows& x,
+                                 int64_t b) {
+    const __m256 swv = _mm256_load_ps(sw);
+    for (int m = 0; m < MR; ++m) {
+        const __m256 s = _mm256_mul_ps(swv, _mm256_set1_ps(x.dx[m * x.lds + b]));
+        facc[m] = _mm256_add_ps(facc[m], _mm256_mul_ps(_mm256_cvtepi32_ps(d[m]), s));
+        if constexpr (F::MW)
+            facc[m] = _mm256_sub_ps(facc[m], _mm256_mul_ps(_mm256_load_ps(mw), _mm256_set1_ps(x.dS[m * x.lds + b])));
+    }
+}
+
+// Blocks J .. SUBS - 1 of format block(s) fb .. fb + STEP - 1, in K order (unrolled: the
+// codes' shifts and offsets are constants then).
+template <class F, int MR, int STEP, int J>
+QG_AVX2_INLINE void block_steps(const F& f, int64_t fb, const Q8Rows& x, const float* sw, const float* mw,
+                                const int32_t* sub, __m256* facc) {
+    if constexpr (J < F::SUBS) {
+        constexpr int S = F::SUBS;
+        __m256i d[STEP][MR];
+        for (int u = 0; u < STEP; ++u) block_sums<F, MR, J>(f, fb + u, x, sub + u * 2 * S * GROUP, d[u]);
+        for (int u = 0; u < STEP; ++u)
+            block_update<F, MR>(facc, d[u], sw + (u * S + J) * GROUP, mw + (u * S + J) * GROUP, x, (fb + u) * S + J);
+        block_steps<F, MR, STEP, J + 1>(f, fb, x, sw, mw, sub, facc);
+    }
+}
+
+// Rows [0, GROUP) of f against activation rows 0 .. MR - 1 over nfb format blocks;
+// acc[m * PANEL_ROWS + r] continues from its value, ok[r] &= that row's scales are finite.
+// Formats of one 32-element block per format block take two per step, two independent
+// chains of dependent steps (load, unpack, multiply, add tree, convert, scale) for the
+// out-of-order core; it measured the same as one (0.181 vs 0.172 cycles per weight, q4_0,
+// within the noise).
+template <class F, int MR>
+QG_AVX2 void rows_group(const F& f, int64_t nfb, const Q8Rows& x, float* acc, bool* ok) {
+    constexpr int S = F::SUBS;
+    constexpr int STEP = S == 1 ? 2 : 1;  // format blocks per step
+    __m256 facc[MR];
+    for (int m = 0; m < MR; ++m) facc[m] = _mm256_loadu_ps(acc + m * PANEL_ROWS);
+    constexpr int SUB_LEN = 2 * S * GROUP;  // per format block of a step
+    alignas(32) float sw[STEP * S * GROUP], mw[STEP * S * GROUP];
+    alignas(32) int32_t sub[STEP * SUB_LEN];
+    unsigned finite = (1u << GROUP) - 1;
+    int64_t fb = 0;
+    for (; fb + STEP <= nfb; fb += STEP) {
+        for (int u = 0; u < STEP; ++u) {
+            f.prefetch(fb + u);
+            finite &= f.scales8(fb + u, sw + u * S * GROUP, mw + u * S * GROUP, sub + u * SUB_LEN);
+        }
+        block_steps<F, MR, STEP, 0>(f, fb, x, sw, mw, sub, facc);
+    }
+    for (; fb < nfb; ++fb) {  // the last block of an odd count
+        f.prefetch(fb);
+        finite &= f.scales8(fb, sw, mw, sub);
+        block_steps<F, MR, 1, 0>(f, fb, x, sw, mw, sub, facc);
+    }
+    for (int m = 0; m < MR; ++m) _mm256_storeu_ps(acc + m * PANEL_ROWS, facc[m]);
+    for (int r = 0; r < GROUP; ++r) ok[r] = ok[r] && ((finite >> r) & 1u);
+}
+
+template <class F>
+QG_AVX2 void rows_run(const F& f, int64_t nfb, const Q8Rows& x, float* acc, bool* ok) {
+    for (int64_t m0 = 0; m0 < x.m; m0 += ROWS_M) {
+        Q8Rows xm = x;
+        xm.q += m0 * x.ldq;
+        xm.dx += m0 * x.lds;
+        xm.dS += m0 * x.lds;
+        xm.S += m0 * x.lds;
+        xm.m = x.m - m0 < ROWS_M ? x.m - m0 : ROWS_M;
+        float* a = acc + m0 * PANEL_ROWS;
+        switch (xm.m) {
+            case 1: rows_group<F, 1>(f, nfb, xm, a, ok); break;
+            default: rows_group<F, ROWS_M>(f, nfb, xm, a, ok); break;
+        }
+    }
+}
+
+// Blocks J .. SUBS - 1 of format block fb into the panel, panel block index pb + J.
+template <class F, int J>
+QG_AVX2_INLINE void fill_steps(const F& f, int64_t fb, int64_t pb, int h, const float* sw, const float* mw,
+                               const int32_t* sub, const PanelOut& out) {
+    if constexpr (J < F::SUBS) {
+        const int64_t b = pb + J;
+        _mm256_storeu_ps(out.sw + b * PANEL_ROWS + 8 * h, _mm256_load_ps(sw + J * GROUP));
+        if constexpr (F::MW) _mm256_storeu_ps(out.mw + b * PANEL_ROWS + 8 * h, _mm256_load_ps(mw + J * GROUP));
+        if constexpr (F::SUB) {
+            for (int u = 0; u < 2; ++u)
+                for (int r = 0; r < GROUP; ++r) out.sub[(2 * b + u) * PANEL_ROWS + 8 * h + r] = sub[r * 16 + 2 * J + u];
+        }
+        __m256i lo[4], hi[4];
+        for (int i = 0; i < 4; ++i) {
+            f.template codes<J>(i, fb, lo[i], hi[i]);
+            f.to_panel(i, sub, lo[i], hi[i]);
+        }
+        store_k4_groups(lo, hi, out.codes + b * PANEL_BLOCK_BYTES + 32 * h);
+        fill_steps<F, J + 1>(f, fb, pb, h, sw, mw, sub, out);
+    }
+}
+
+// Format blocks [fb0, fb0 + nfb) of the 8 rows of f into rows 8h .. 8h + 7 of a panel.
+template <class F>
+QG_AVX2 void panel_run(const F& f, int64_t fb0, int64_t nfb, int h, const PanelOut& out, bool* ok) {
+    constexpr int S = F::SUBS;
+    alignas(32) float sw[S * GROUP], mw[S * GROUP];
+    alignas(32) int32_t sub[2 * S * GROUP];
+    unsigned finite = (1u << GROUP) - 1;
+    for (int64_t i = 0; i < nfb; ++i) {
+        f.prefetch(fb0 + i);
+        finite &= f.scales8(fb0 + i, sw, mw, sub);
+        fill_steps<F, 0>(f, fb0 + i, i * S, h, sw, mw, sub, out);
+    }
+    for (int r = 0; r < GROUP; ++r) ok[8 * h + r] = ok[8 * h + r] && ((finite >> r) & 1u);
+}
+
+}  // namespace
+#endif  // QG_INT8_HAVE_AVX2
+
+bool rows_available() {
+#if QG_INT8_HAVE_AVX2
+    static const bool avx2 = int8_isa() >= Isa::AVX2;
+    return avx2;
+#else
+    return false;
+#endif
+}
+
+// The entry points build a decoder on 8 rows of the source; without AVX2 they are never
+// called (rows_available() is false) and compile to nothing.
+#if QG_INT8_HAVE_AVX2
+#define QG_ROWS_ENTRIES(SRC, F, ELEMS)                                                                  \
+    void rows_kernel(const SRC& src, int g0, int64_t K, const Q8Rows& x, float* acc, bool* ok) {          \
+        rows_run(F(src, g0), K / (ELEMS), x, acc + g0, ok + g0);                                          \
+    }                                                                                                     \
+    void panel_fill(const SRC& src, int64_t k0, int64_t kc, const PanelOut& out, bool* ok) {              \
+        for (int h = 0; h < 2; ++h) panel_run(F(src, 8 * h), k0 / (ELEMS), kc / (ELEMS), h, out, ok);     \
+    }
+#else
+#define QG_ROWS_ENTRIES(SRC, F, ELEMS)                                                             \
+    void rows_kernel(const SRC&, int, int64_t, const Q8Rows&, float*, bool*) {}                      \
+    void panel_fill(const SRC&, int64_t, int64_t, const PanelOut&, bool*) {}
+#endif
+#define QG_X(NAME, BLOCK, ELEMS) QG_ROWS_ENTRIES(GgufSrc<BLOCK>, GgufRows<BLOCK>, ELEMS)
+QG_GGUF_FORMATS(QG_X)
+#undef QG_X
+QG_ROWS_ENTRIES(Mxfp4Src, Mxfp4Rows, MXFP4_BLOCK)
+QG_ROWS_ENTRIES(Int4Src, Int4Rows, Q8_BLOCK)
+#undef QG_ROWS_ENTRIES
+
+}  // namespace cpu
+}  // namespace qg
