@@ -506,25 +506,6 @@ void strip_pointers(qg_mxfp4_gemm_args* a) {
 
 // ------------------------------------------------------------------ contexts and events
 
-// CPU model name from /proc/cpuinfo, "CPU" where that is not available.
-void cpu_model_name(char* buf, size_t size) {
-    snprintf(buf, size, "CPU");
-    FILE* f = fopen("/proc/cpuinfo", "r");
-    if (f == nullptr) return;
-    char line[512];
-    while (fgets(line, sizeof(line), f) != nullptr) {
-        if (strncmp(line, "model name", 10) != 0) continue;
-        const char* colon = strchr(line, ':');
-        if (colon == nullptr) break;
-        const char* v = colon + 1;
-        while (*v == ' ' || *v == '\t') ++v;
-        snprintf(buf, size, "%s", v);
-        buf[strcspn(buf, "\r\n")] = '\0';
-        break;
-    }
-    fclose(f);
-}
-
 // The CPU backend ignores streams; qg_stream_create hands out this token so that a
 // created stream is never NULL.
 char g_cpu_stream_token;
@@ -632,7 +613,7 @@ QG_API qg_status qg_context_create(qg_backend backend, int device, qg_context** 
             qg_context* c = new qg_context();
             c->backend = QG_BACKEND_CPU;
             c->device = 0;
-            cpu_model_name(c->name, sizeof(c->name));
+            qg::cpu_model_name(c->name, sizeof(c->name));
             *ctx = c;
             return QG_OK;
         }

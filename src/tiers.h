@@ -55,6 +55,9 @@ qg_status cpu_mxfp4_gemm(const qg_context* ctx, const qg_mxfp4_gemm_args* a);
 qg_status cpu_moe_align(const qg_context* ctx, const qg_moe_align_args* a);
 qg_status cpu_moe_stage1(const qg_context* ctx, const qg_moe_stage1_args* a);
 qg_status cpu_moe_stage2(const qg_context* ctx, const qg_moe_stage2_args* a);
+// The CPU model name from /proc/cpuinfo into buf, "CPU" where that is not available
+// (src/cpu/cpu_info.cpp): the device name of a CPU context.
+void cpu_model_name(char* buf, size_t size);
 
 // W4A16 layouts on the host (src/w4a16_layout.cpp): the CPU repack, its inverse, and the CPU
 // tier on a frag-layout weight (unpacks to canonical, then cpu_w4a16_gemm).
