@@ -61,7 +61,7 @@ Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a)
     pl.mp = mp_for(a->m < kCols ? a->m : kCols);
     pl.smem = (size_t)S::smem_bytes(pl.mp);
     pl.tiles = (int)ceil_div(a->n, S::ROWS);
-    int bps = gpu_smem_per_sm(ctx) / (int)(pl.smem + S::GRID_WORDS * 4 + 1024 + 16);
+    int bps = gpu_smem_per_sm(ctx) / (int)(pl.smem + S::B::kGridWords * 4 + 1024 + 16);
     pl.blocks_per_sm = bps < 1 ? 1 : bps > 16 ? 16 : bps;
     int64_t split = 1;
     if (ctx->split_k > 0) {
@@ -163,7 +163,7 @@ qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t 
         pp.mp = pl.mp;
         pp.x_dtype = (int)a->x_dtype;
         pp.bias = S::B::kBias;
-        pp.unit16 = FMT == QG_FORMAT_Q6_K;
+        pp.unit16 = S::B::kUnit16;
         gguf_mma::gguf_mma_prep_kernel<<<(unsigned)ceil_div(nslices, kWarps), kThreads, 0, stream>>>(pp);
         qg_status st = gpu_check_launch("gguf decode_mma x prep");
         if (st != QG_OK) return st;
