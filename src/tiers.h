@@ -89,13 +89,13 @@ qg_status gpu_check_launch(const char* what);
 
 // The kernel families' GPU tiers are entries of their tier tables (src/tier_table.h),
 // defined next to their launchers in src/gpu/*_launch.cpp.
-// W4A16 repack into the frag layout on the device (src/gpu/w4a16_repack_launch.cpp).
+// W4A16 repack into the frag layout on the device (src/gpu/w4a16_launch.cpp).
 qg_status gpu_w4a16_repack(const qg_context* ctx, const qg_w4a16_repack_args& a, qg_stream stream);
 // Shared memory per SM in bytes (occupancy estimates of the launchers).
 int gpu_smem_per_sm(const qg_context* ctx);
 #endif
 
-// Tiers compiled into this build, for qg_build_info (src/build_info.cpp).
+// Tiers compiled into this build, for qg_build_info (src/tier_table.cpp).
 const char* build_info();
 
 }  // namespace qg
