@@ -627,6 +627,15 @@ def make_ctx(threads):
     return ctx
 
 
+def gemm_sizes_expect(exp, m, n, k):
+    """The GEMM sizes: negative ones are refused; n = 0 and k = 0 the header leaves open."""
+    exp.bad(m < 0, "m")
+    exp.bad(n < 0, "n")
+    exp.bad(k < 0, "k")
+    exp.open(n == 0, "n")
+    exp.open(k == 0, "k")
+
+
 def allow_empty(exp, empty, field):
     """An empty problem (m = 0, num_tokens = 0) may return QG_OK at once even next to other
     faults, unless the call itself is broken (NULL ctx or args, a wrong args->size)."""

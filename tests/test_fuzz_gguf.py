@@ -18,10 +18,10 @@ from fuzz_harness import (  # noqa: E402
     NOT_ENUM, N_MUTATIONS, REQUIRES_LIBRARY, SIZE_FIELDS, U32, U4X8, U8, UNIT_ROUNDOFF,
     accepted_output, allow_empty, args_and_ctx, args_mutation, assert_close, base_spec, call,
     check_misaligned_args_refused, common_expect, drive, examples, float_input,
-    force_fault_next_to_huge, is_sane, output_matrix, ptr_mutation, rng_of, run_case, run_gpu_case,
-    small, workspace_step,
+    force_fault_next_to_huge, gemm_sizes_expect, is_sane, output_matrix, ptr_mutation, rng_of,
+    run_case, run_gpu_case, small, workspace_step,
 )
-from fuzz_harness import fuzz_worker, gpu_env  # noqa: E402,F401 (fixtures: this file's worker; the GPU context)
+from fuzz_harness import fuzz_worker, gpu_env  # noqa: E402,F401 (fixtures: the worker, the GPU context)
 from pyquant import _lib as L  # noqa: E402
 from pyquant.formats import FORMATS, int8_act, reference  # noqa: E402
 
@@ -91,11 +91,7 @@ def gguf_expect(s, pointers=True):
     m, n, k = s["m"], s["n"], s["k"]
     fs = GGUF_SPECS.get(s["format"])
     exp.bad(fs is None, "format")
-    exp.bad(m < 0, "m")
-    exp.bad(n < 0, "n")
-    exp.bad(k < 0, "k")
-    exp.open(n == 0, "n")
-    exp.open(k == 0, "k")
+    gemm_sizes_expect(exp, m, n, k)
     if fs is not None:
         exp.bad(k % fs.block_elems != 0, "k")
         exp.bad(s["ldw"] < max(k, 0) // fs.block_elems * fs.block_bytes, "ldw")
