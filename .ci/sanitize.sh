@@ -16,7 +16,7 @@
 # (qg_malloc of 2^62 bytes) and expect QG_ERR_OUT_OF_MEMORY, not an ASan abort.
 #
 # Environment: QG_ASAN_BUILD (build directory, default build-asan), JOBS (default 2),
-# QG_FUZZ_SCALE (hypothesis budget of tests/test_fuzz_abi.py, default 1: about 7,800
+# QG_FUZZ_SCALE (hypothesis budget of tests/test_fuzz_*.py, default 1: about 7,800
 # cases). Takes about 1.5 minutes on 2 cores (build included: 2 minutes).
 set -euo pipefail
 

@@ -238,17 +238,29 @@ static_assert(ksigns_is_parity_completion(), "ksigns[i] == i | parity(i) << 7");
 //   xsum    Q4_K only: sum of x over the block's 8 sub-blocks, row m at xsum + m * sst
 //   grid    IQ3_XXS only: the grid in shared memory
 //   acc     [R][MT] fp32 accumulators of this lane
+//
+// Besides its job and block geometry (BE elements, BB bytes), a format states what the
+// generic kernel stages for it; FormatDefaults holds the answers of a plain format:
+//   kXsum        stage the sum of x over every 32 elements (Q4_K's "- dmin * m" term)
+//   kGridWords   words of the codebook the jobs read from shared memory (1: none; the
+//                kernel's array keeps one placeholder word)
+//   stage_grid   fills that codebook, block-wide, before the kernel's first barrier
 
 template <int FMT>
 struct Format;
+
+struct FormatDefaults {
+    static constexpr bool kXsum = false;
+    static constexpr int kGridWords = 1;
+    static __device__ __forceinline__ void stage_grid(uint32_t* /*grid*/) {}
+};
 
 // Q8_0: 34 bytes = fp16 d, 32 x int8 q. One job = one block.
 //   byte  0..1   d
 //   byte  2..33  q[0..31]          element i = d * q[i]
 template <>
-struct Format<QG_FORMAT_Q8_0> {
+struct Format<QG_FORMAT_Q8_0> : FormatDefaults {
     static constexpr int BE = 32, BB = 34, kJobsPerBlock = 1, kJobsPerLane = 1;
-    static_assert(sizeof(block_q8_0) == BB, "q8_0 block");
 
     template <int MT, int R>
     static __device__ __forceinline__ void job(const uint8_t* const (&wb)[R], int off, int /*part*/,
@@ -293,9 +305,8 @@ struct Format<QG_FORMAT_Q8_0> {
 // Q4_0: 18 bytes = fp16 d, 16 bytes of nibbles. One job = one block.
 //   byte 2 + j: low nibble = element j, high nibble = element 16 + j;  w = d * (q - 8)
 template <>
-struct Format<QG_FORMAT_Q4_0> {
+struct Format<QG_FORMAT_Q4_0> : FormatDefaults {
     static constexpr int BE = 32, BB = 18, kJobsPerBlock = 1, kJobsPerLane = 2;
-    static_assert(sizeof(block_q4_0) == BB, "q4_0 block");
 
     template <int MT, int R>
     static __device__ __forceinline__ void job(const uint8_t* const (&wb)[R], int off, int /*part*/,
@@ -350,9 +361,9 @@ struct Format<QG_FORMAT_Q4_0> {
 //     sc[4..7] = (S2 & 0x0F..) | (S0 >> 2 & 0x30..)   m[4..7] = (S2 >> 4 & 0x0F..) | (S1 >> 2 & 0x30..)
 //   (S0, S1, S2 = s[0..3], s[4..7], s[8..11] as little-endian words.)
 template <>
-struct Format<QG_FORMAT_Q4_K> {
+struct Format<QG_FORMAT_Q4_K> : FormatDefaults {
     static constexpr int BE = 256, BB = 144, kJobsPerBlock = 4, kJobsPerLane = 1;
-    static_assert(sizeof(block_q4_K) == BB, "q4_K block");
+    static constexpr bool kXsum = true;   // xsum: sum of x per sub-block, for dmin * m
 
     template <int MT, int R>
     static __device__ __forceinline__ void job(const uint8_t* const (&wb)[R], int off, int part,
@@ -424,9 +435,8 @@ struct Format<QG_FORMAT_Q4_K> {
 //   u = 2: r = 64 + 16p + t    q = A >> 4 & 0x0F | H & 0x30      sub-block 8h + 4 + p
 //   u = 3: r = 96 + 16p + t    q = B >> 4 & 0x0F | H >> 2 & 0x30 sub-block 8h + 6 + p
 template <>
-struct Format<QG_FORMAT_Q6_K> {
+struct Format<QG_FORMAT_Q6_K> : FormatDefaults {
     static constexpr int BE = 256, BB = 210, kJobsPerBlock = 4, kJobsPerLane = 1;
-    static_assert(sizeof(block_q6_K) == BB, "q6_K block");
 
     template <int MT, int R>
     static __device__ __forceinline__ void job(const uint8_t* const (&wb)[R], int off, int part,
@@ -497,9 +507,8 @@ struct Format<QG_FORMAT_Q6_K> {
 //   low half of word i  -> bytes {32s+4i, 32s+16+4i, 32s+4i+1, 32s+16+4i+1}
 //   high half of word i -> bytes {32s+4i+2, 32s+16+4i+2, 32s+4i+3, 32s+16+4i+3}
 template <>
-struct Format<QG_FORMAT_IQ4_XS> {
+struct Format<QG_FORMAT_IQ4_XS> : FormatDefaults {
     static constexpr int BE = 256, BB = 136, kJobsPerBlock = 4, kJobsPerLane = 1;
-    static_assert(sizeof(block_iq4_xs) == BB, "iq4_xs block");
 
     // Codebook bytes (+128) for the four nibbles in the low 16 bits of `sel`.
     static __device__ __forceinline__ uint32_t lookup4(uint32_t sel)
@@ -588,9 +597,15 @@ struct Format<QG_FORMAT_IQ4_XS> {
 // to bit 0 of each byte: (bits * 0x00204081) & 0x01010101 (bit i lands on bit 8i;
 // the other partial products land on distinct non-multiples of 8, so no carries).
 template <>
-struct Format<QG_FORMAT_IQ3_XXS> {
+struct Format<QG_FORMAT_IQ3_XXS> : FormatDefaults {
     static constexpr int BE = 256, BB = 98, kJobsPerBlock = 8, kJobsPerLane = 2;
-    static_assert(sizeof(block_iq3_xxs) == BB, "iq3_xxs block");
+    static constexpr int kGridWords = 256;
+
+    // The grid with every byte | 0x80 (= g + 128, the sign trick above).
+    static __device__ __forceinline__ void stage_grid(uint32_t* grid)
+    {
+        for (int i = threadIdx.x; i < 256; i += kThreads) grid[i] = c_iq3xxs_grid[i] | 0x80808080u;
+    }
 
     template <int MT, int R>
     static __device__ __forceinline__ void job(const uint8_t* const (&wb)[R], int off, int part,
@@ -644,12 +659,12 @@ struct Format<QG_FORMAT_IQ3_XXS> {
     }
 };
 
-// Per-format shared-memory extras.
-template <int FMT>
-struct FormatSmem {
-    static constexpr bool kXsum = FMT == QG_FORMAT_Q4_K;     // x sums per 32 elements
-    static constexpr int kGridWords = FMT == QG_FORMAT_IQ3_XXS ? 256 : 1;
-};
+// Every format of the X-macro has its decoder here, with the row's block geometry.
+#define QG_GGUF_CHECK_FORMAT(NAME, BLOCK, ELEMS)                                                           \
+    static_assert(Format<QG_FORMAT_##NAME>::BE == ELEMS && Format<QG_FORMAT_##NAME>::BB == (int)sizeof(BLOCK), \
+                  #NAME ": Format<> block geometry differs from QG_GGUF_FORMATS");
+QG_GGUF_FORMATS(QG_GGUF_CHECK_FORMAT)
+#undef QG_GGUF_CHECK_FORMAT
 
 // Blocks per step: kJobsPerLane jobs for every lane of the warp.
 template <int FMT>
@@ -664,14 +679,14 @@ __host__ __device__ constexpr int static_smem_bytes(int warp_size)
 {
     return (kThreads / warp_size) * stages(ASYNC) * Tune<MT>::kRows *
                row_buffer_bytes(step_blocks<FMT>(warp_size) * Format<FMT>::BB) +
-           FormatSmem<FMT>::kGridWords * 4 + 16;
+           Format<FMT>::kGridWords * 4 + 16;
 }
 
 // Dynamic shared memory: x[MT][kx] fp32, then (Q4_K) xsum[MT][kx / 32].
 template <int FMT, int MT>
 __host__ __device__ constexpr int dynamic_smem_bytes(int kx)
 {
-    return MT * kx * 4 + (FormatSmem<FMT>::kXsum ? MT * (kx / 32) * 4 : 0);
+    return MT * kx * 4 + (Format<FMT>::kXsum ? MT * (kx / 32) * 4 : 0);
 }
 
 // ------------------------------------------------------------------ kernel
@@ -731,7 +746,7 @@ __device__ void stage_x(const DecodeParams& p, int kb0, int kb1, int kx, float* 
             xs[m * kx + k] = live ? load_x(p.x, m * p.ldx + k0 + k, p.x_dtype) : 0.0f;
     }
     __syncthreads();
-    if (FormatSmem<FMT>::kXsum) {
+    if (Format<FMT>::kXsum) {
         const int n32 = nk / 32;
         for (int i = threadIdx.x; i < MT * n32; i += kThreads) {
             const int m = i / n32, j = i - m * n32;
@@ -1056,7 +1071,7 @@ __global__ void __launch_bounds__(kThreads, Tune<MT>::kMinBlocks) gguf_decode_ke
     constexpr int ROWBUF = row_buffer_bytes(step_blocks<FMT>(QG_WARP_SIZE) * F::BB);
 
     __shared__ uint4 s_wbuf[NW * stages(ASYNC) * R * ROWBUF / 16];
-    __shared__ uint32_t s_grid[FormatSmem<FMT>::kGridWords];
+    __shared__ uint32_t s_grid[F::kGridWords];
     __shared__ int s_last;
     extern __shared__ float4 s_dyn[];
 
@@ -1075,9 +1090,7 @@ __global__ void __launch_bounds__(kThreads, Tune<MT>::kMinBlocks) gguf_decode_ke
     t.stages = stages(ASYNC);
     t.nxc = (t.kb_end - t.kb_begin + p.kxb - 1) / p.kxb;
 
-    if (FMT == QG_FORMAT_IQ3_XXS) {
-        for (int i = threadIdx.x; i < 256; i += kThreads) s_grid[i] = c_iq3xxs_grid[i] | 0x80808080u;
-    }
+    F::stage_grid(s_grid);   // read after the barrier below
     if (t.nxc == 1) stage_x<FMT, MT>(p, t.kb_begin, t.kb_end, t.kx, t.xs, t.xsum);   // ends with a barrier
     else __syncthreads();                                                         // s_grid
 

@@ -238,9 +238,23 @@ __device__ __forceinline__ void slice_k32(const uint8_t* xs, int j, int g, int t
 // Block<FMT>::run<MP>(rg, r8, off, j0, g, t, xs, acc, grid): lane (g, t)'s part of one
 // block of rows g (buffer rg) and g+8 (r8), the block at byte `off` of the buffers, its
 // first slice j0 among the step's x slices staged at xs.
+//
+// Besides run and its geometry (BE elements, BB bytes, WC blocks per step, kBias the
+// code bias of the x prep), a format states what the generic kernel and the x prep do for
+// it; BlockDefaults holds the answers of a plain format:
+//   kUnit16      the x prep writes cinit per 16 elements (q6_K's k16 mma), not per 32
+//   kGridWords   words of the codebook run reads from shared memory (1: none; the
+//                kernel's array keeps one placeholder word)
+//   stage_grid   fills that codebook, block-wide, before the kernel's first barrier
 
 template <int FMT>
 struct Block;
+
+struct BlockDefaults {
+    static constexpr bool kUnit16 = false;
+    static constexpr int kGridWords = 1;
+    static __device__ __forceinline__ void stage_grid(uint32_t* /*grid*/) {}
+};
 
 __device__ __forceinline__ uint32_t word_at(const uint8_t* buf, int off)   // 2-aligned off
 {
@@ -252,7 +266,7 @@ __device__ __forceinline__ float half_at(const uint8_t* buf, int off) { return h
 
 // Q8_0: fp16 d, int8 q[32]: codes are the bytes.
 template <>
-struct Block<QG_FORMAT_Q8_0> {
+struct Block<QG_FORMAT_Q8_0> : BlockDefaults {
     static constexpr int BE = 32, BB = 34, WC = 4, kBias = 0;
     template <int MP>
     static __device__ __forceinline__ void run(const uint8_t* rg, const uint8_t* r8, int off, int j0, int g, int t,
@@ -267,7 +281,7 @@ struct Block<QG_FORMAT_Q8_0> {
 // Q4_0: fp16 d, qs[16]: byte j low nibble = element j, high = element 16 + j. u8 codes,
 // bias 8 (w = d * (q - 8)).
 template <>
-struct Block<QG_FORMAT_Q4_0> {
+struct Block<QG_FORMAT_Q4_0> : BlockDefaults {
     static constexpr int BE = 32, BB = 18, WC = 8, kBias = 8;
     template <int MP>
     static __device__ __forceinline__ void run(const uint8_t* rg, const uint8_t* r8, int off, int j0, int g, int t,
@@ -283,7 +297,7 @@ struct Block<QG_FORMAT_Q4_0> {
 // and 2c+1 (high nibbles) of qs bytes 32c .. 32c+31. w = (d*sc) * q - (dmin*m).
 // (Scale unpacking as in gguf.hip's Format<QG_FORMAT_Q4_K>.)
 template <>
-struct Block<QG_FORMAT_Q4_K> {
+struct Block<QG_FORMAT_Q4_K> : BlockDefaults {
     static constexpr int BE = 256, BB = 144, WC = 1, kBias = 0;
     struct Scales {
         float d, dmin;
@@ -340,8 +354,9 @@ struct Block<QG_FORMAT_Q4_K> {
 // l = 0..31): q = (ql[64h + 32(u&1) + l] >> 4(u>>1)) & 15 | ((qh[32h + l] >> 2u) & 3) << 4,
 // w = (d * scales[8h + 2u + l/16]) * (q - 32). One k16 mma per 16 elements (own scale).
 template <>
-struct Block<QG_FORMAT_Q6_K> {
+struct Block<QG_FORMAT_Q6_K> : BlockDefaults {
     static constexpr int BE = 256, BB = 210, WC = 1, kBias = 32;
+    static constexpr bool kUnit16 = true;   // one scale per 16 elements: a k16 mma each
     static __device__ __forceinline__ uint32_t codes(uint32_t ql, uint32_t qh, int u)
     {
         return ((ql >> (4 * (u >> 1))) & 0x0F0F0F0Fu) | (((qh >> (2 * u)) & 0x03030303u) << 4);
@@ -402,7 +417,7 @@ __device__ __forceinline__ uint32_t kvalues4(uint32_t nib)
 // 16s + j low nibble -> element 32s + j, high -> 32s + 16 + j (j < 16);
 // w = (d * (ls - 32)) * kvalues[q], ls = (scales_l >> 4s & 15) | (scales_h >> 2s & 3) << 4.
 template <>
-struct Block<QG_FORMAT_IQ4_XS> {
+struct Block<QG_FORMAT_IQ4_XS> : BlockDefaults {
     static constexpr int BE = 256, BB = 136, WC = 1, kBias = 0;
     template <int MP>
     static __device__ __forceinline__ void run(const uint8_t* rg, const uint8_t* r8, int off, int j0, int g, int t,
@@ -430,8 +445,15 @@ struct Block<QG_FORMAT_IQ4_XS> {
 // 2 + t/2. Signs: the 7 stored bits plus even parity; a byte is negated as
 // (mag ^ 0xFF) + 1, the byte masks spread from 4 bits by (bits * 0x00204081) & 0x01010101.
 template <>
-struct Block<QG_FORMAT_IQ3_XXS> {
+struct Block<QG_FORMAT_IQ3_XXS> : BlockDefaults {
     static constexpr int BE = 256, BB = 98, WC = 2, kBias = 0;
+    static constexpr int kGridWords = 256;
+
+    // The grid as gguf stores it (magnitudes; signed_grid applies the signs).
+    static __device__ __forceinline__ void stage_grid(uint32_t* grid)
+    {
+        for (int i = threadIdx.x; i < 256; i += kThreads) grid[i] = gguf::c_iq3xxs_grid[i];
+    }
     static __device__ __forceinline__ uint32_t signed_grid(uint32_t mag, uint32_t aux, int group, int half)
     {
         const uint32_t si = (aux >> (7 * group)) & 0x7Fu;
@@ -459,6 +481,13 @@ struct Block<QG_FORMAT_IQ3_XXS> {
     }
 };
 
+// Every format of the X-macro has its decoder here, with the row's block geometry.
+#define QG_GGUF_MMA_CHECK_BLOCK(NAME, BLOCK, ELEMS)                                                      \
+    static_assert(Block<QG_FORMAT_##NAME>::BE == ELEMS && Block<QG_FORMAT_##NAME>::BB == (int)sizeof(BLOCK), \
+                  #NAME ": Block<> geometry differs from QG_GGUF_FORMATS");
+QG_GGUF_FORMATS(QG_GGUF_MMA_CHECK_BLOCK)
+#undef QG_GGUF_MMA_CHECK_BLOCK
+
 // ------------------------------------------------------------------ the GEMM kernel
 
 // Shared-memory bytes of one row's step buffer: WC blocks, up to 14 bytes of lead-in
@@ -480,7 +509,6 @@ struct Shape {
     static constexpr int ROWS = kWarps * kTileRows;             // rows of W per block
     static constexpr int W_STAGE = ROWS * ROW;                  // weight bytes of a stage
     static constexpr int SLICES = B::WC * B::BE / 32;           // x slices per step
-    static constexpr int GRID_WORDS = FMT == QG_FORMAT_IQ3_XXS ? 256 : 1;
     static __host__ __device__ constexpr int stage_bytes(int mp) { return W_STAGE + SLICES * 48 * mp; }
     static __host__ __device__ constexpr int smem_bytes(int mp) { return 2 * stage_bytes(mp); }   // two stages
 };
@@ -561,15 +589,13 @@ __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
     typedef Shape<FMT> S;
     typedef Block<FMT> B;
     extern __shared__ uint4 s_dyn[];   // S::smem_bytes(MP)
-    __shared__ uint32_t s_grid[S::GRID_WORDS];
+    __shared__ uint32_t s_grid[B::kGridWords];
     __shared__ int s_last_split, s_last_tile;
 
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int row0 = blockIdx.x * S::ROWS, split = blockIdx.y;
     const int kb0 = (int)((int64_t)split * p.nb / p.split_k), kb1 = (int)((int64_t)(split + 1) * p.nb / p.split_k);
-    if (FMT == QG_FORMAT_IQ3_XXS) {
-        for (int i = threadIdx.x; i < 256; i += kThreads) s_grid[i] = gguf::c_iq3xxs_grid[i];   // read after a barrier
-    }
+    B::stage_grid(s_grid);   // read after the first step's barrier
 
     uint8_t* const ring = reinterpret_cast<uint8_t*>(s_dyn);
     constexpr int kStage = S::stage_bytes(MP);

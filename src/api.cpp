@@ -16,7 +16,9 @@
 #include <new>
 #include <thread>
 
+#include "dtypes.h"
 #include "formats/blocks.h"
+#include "formats/gguf_formats.h"
 #include "formats/w4a16_frag.h"
 #include "moe_sizes.h"
 #include "quantgemm.h"
@@ -29,6 +31,10 @@ const char* last_error();  // src/error.cpp
 
 namespace {
 
+using qg::dtype_name;
+using qg::dtype_size;
+using qg::gguf_format;
+using qg::GgufFormat;
 using qg::set_error;
 
 // ------------------------------------------------------------------ helpers
@@ -70,18 +76,6 @@ struct EnumText {
     }
 };
 
-const char* dtype_name(int d) {
-    switch (d) {
-        case QG_DTYPE_F32: return "QG_DTYPE_F32";
-        case QG_DTYPE_F16: return "QG_DTYPE_F16";
-        case QG_DTYPE_BF16: return "QG_DTYPE_BF16";
-        case QG_DTYPE_I32: return "QG_DTYPE_I32";
-        case QG_DTYPE_U8: return "QG_DTYPE_U8";
-        case QG_DTYPE_U4X8: return "QG_DTYPE_U4X8";
-        default: return nullptr;
-    }
-}
-
 const char* backend_name(int b) {
     switch (b) {
         case QG_BACKEND_CPU: return "QG_BACKEND_CPU";
@@ -91,35 +85,13 @@ const char* backend_name(int b) {
     }
 }
 
-// One table of the GGUF block formats, generated from the X-macro of formats/blocks.h.
-struct GgufFormat {
-    int format;
-    const char* name;  // "Q4_K"
-    int elems;         // elements per block
-    int bytes;         // bytes per block
-};
-const GgufFormat kGgufFormats[] = {
-#define QG_X(NAME, BLOCK, ELEMS) {QG_FORMAT_##NAME, #NAME, ELEMS, (int)sizeof(qg::BLOCK)},
-    QG_GGUF_FORMATS(QG_X)
-#undef QG_X
-};
-
-const GgufFormat* gguf_format(int f) {
-    for (const GgufFormat& g : kGgufFormats)
-        if (g.format == f) return &g;
-    return nullptr;
-}
-
+// "QG_FORMAT_Q4_K", or nullptr when f is not a qg_format value (the GGUF names come from
+// the one table of formats/gguf_formats.h).
 const char* format_name(int f) {
-    switch (f) {
-        case QG_FORMAT_INT4: return "QG_FORMAT_INT4";
-#define QG_X(NAME, BLOCK, ELEMS) \
-    case QG_FORMAT_##NAME: return "QG_FORMAT_" #NAME;
-            QG_GGUF_FORMATS(QG_X)
-#undef QG_X
-        case QG_FORMAT_MXFP4: return "QG_FORMAT_MXFP4";
-        default: return nullptr;
-    }
+    if (f == QG_FORMAT_INT4) return "QG_FORMAT_INT4";
+    if (f == QG_FORMAT_MXFP4) return "QG_FORMAT_MXFP4";
+    const GgufFormat* g = gguf_format(f);
+    return g != nullptr ? g->enum_name : nullptr;
 }
 
 // The GPU backend compiled into this build, if any.
@@ -153,8 +125,6 @@ qg_status check_opt_ptr(const void* p, const char* name, size_t align, const cha
     if (p == nullptr) return QG_OK;
     return check_ptr(p, name, align, why);
 }
-
-size_t dtype_size(int d) { return (d == QG_DTYPE_F16 || d == QG_DTYPE_BF16) ? 2 : d == QG_DTYPE_U8 ? 1 : 4; }
 
 // Float-like dtypes accepted as activations, outputs or biases: bit i set = dtype i allowed.
 constexpr unsigned kF32 = 1u << QG_DTYPE_F32, kF16 = 1u << QG_DTYPE_F16, kBF16 = 1u << QG_DTYPE_BF16;
@@ -343,8 +313,7 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     EnumText t;
     const GgufFormat* f = gguf_format(a.format);
     QG_CHECK(format_name(a.format) != nullptr, "format=%s is not a qg_format value", t(nullptr, a.format));
-    QG_CHECK(f != nullptr, "format=%s is not a GGUF block format (Q8_0, Q4_0, Q4_K, Q6_K, IQ4_XS, IQ3_XXS)",
-             format_name(a.format));
+    QG_CHECK(f != nullptr, "format=%s is not a GGUF block format (%s)", format_name(a.format), qg::kGgufFormatNames);
     QG_TRY(check_positive("n", a.n));
     QG_TRY(check_positive("k", a.k));
     QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name,
@@ -506,25 +475,6 @@ void strip_pointers(qg_mxfp4_gemm_args* a) {
 
 // ------------------------------------------------------------------ contexts and events
 
-// CPU model name from /proc/cpuinfo, "CPU" where that is not available.
-void cpu_model_name(char* buf, size_t size) {
-    snprintf(buf, size, "CPU");
-    FILE* f = fopen("/proc/cpuinfo", "r");
-    if (f == nullptr) return;
-    char line[512];
-    while (fgets(line, sizeof(line), f) != nullptr) {
-        if (strncmp(line, "model name", 10) != 0) continue;
-        const char* colon = strchr(line, ':');
-        if (colon == nullptr) break;
-        const char* v = colon + 1;
-        while (*v == ' ' || *v == '\t') ++v;
-        snprintf(buf, size, "%s", v);
-        buf[strcspn(buf, "\r\n")] = '\0';
-        break;
-    }
-    fclose(f);
-}
-
 // The CPU backend ignores streams; qg_stream_create hands out this token so that a
 // created stream is never NULL.
 char g_cpu_stream_token;
@@ -632,7 +582,7 @@ QG_API qg_status qg_context_create(qg_backend backend, int device, qg_context** 
             qg_context* c = new qg_context();
             c->backend = QG_BACKEND_CPU;
             c->device = 0;
-            cpu_model_name(c->name, sizeof(c->name));
+            qg::cpu_model_name(c->name, sizeof(c->name));
             *ctx = c;
             return QG_OK;
         }

@@ -56,6 +56,9 @@ qg_status cpu_mxfp4_gemm(const qg_context* ctx, const qg_mxfp4_gemm_args* a);
 qg_status cpu_moe_align(const qg_context* ctx, const qg_moe_align_args* a);
 qg_status cpu_moe_stage1(const qg_context* ctx, const qg_moe_stage1_args* a);
 qg_status cpu_moe_stage2(const qg_context* ctx, const qg_moe_stage2_args* a);
+// The CPU model name from /proc/cpuinfo into buf, "CPU" where that is not available
+// (src/cpu/cpu_info.cpp): the device name of a CPU context.
+void cpu_model_name(char* buf, size_t size);
 
 // W4A16 layouts on the host (src/w4a16_layout.cpp): the CPU repack, its inverse, and the CPU
 // tier on a frag-layout weight (unpacks to canonical, then cpu_w4a16_gemm).
@@ -87,13 +90,13 @@ qg_status gpu_check_launch(const char* what);
 
 // The kernel families' GPU tiers are entries of their tier tables (src/tier_table.h),
 // defined next to their launchers in src/gpu/*_launch.cpp.
-// W4A16 repack into the frag layout on the device (src/gpu/w4a16_repack_launch.cpp).
+// W4A16 repack into the frag layout on the device (src/gpu/w4a16_launch.cpp).
 qg_status gpu_w4a16_repack(const qg_context* ctx, const qg_w4a16_repack_args& a, qg_stream stream);
 // Shared memory per SM in bytes (occupancy estimates of the launchers).
 int gpu_smem_per_sm(const qg_context* ctx);
 #endif
 
-// Tiers compiled into this build, for qg_build_info (src/build_info.cpp).
+// Tiers compiled into this build, for qg_build_info (src/tier_table.cpp).
 const char* build_info();
 
 }  // namespace qg

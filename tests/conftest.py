@@ -13,10 +13,13 @@
   with a named bound and the worst coordinate, first mismatch reported bit for bit).
 - PYQUANT_TEST_MARGIN_LOG=<path>: every passing assert_close appends its err/bound there
   (tools/margins.py runs the suite over many seeds and reports the tightest bounds).
+- the terminal summary ends with the ABI fuzz's case counts ("quantgemm ABI fuzz: N cases"),
+  summed over every tests/test_fuzz_*.py that ran (tests/fuzz_harness.py counts them).
 """
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -25,6 +28,12 @@ import pytest
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "gpu: needs a CUDA or HIP device (skipped when no GPU context can be created)")
+
+
+def pytest_terminal_summary(terminalreporter):
+    harness = sys.modules.get("fuzz_harness")  # imported by the fuzz files that were collected
+    if harness is not None:
+        harness.write_summary(terminalreporter)
 
 
 def _gpu_skip_reason() -> str | None:

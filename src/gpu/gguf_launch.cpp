@@ -23,6 +23,7 @@
 #include "tier_table.h"
 #include "tiers.h"
 #include "gguf.hip"
+#include "formats/gguf_formats.h"
 #include "launch_util.h"
 
 namespace qg {
@@ -36,8 +37,6 @@ using gguf::kMaxMTile;
 using launch_util::align16;
 using launch_util::ceil_div;
 using launch_util::dtype_bytes;
-using launch_util::dtype_name;
-using launch_util::format_name;
 
 // ------------------------------------------------------------------ tuning table
 // Speed only: results never depend on these (tests force split_k through
@@ -258,12 +257,11 @@ struct Variant {
                              pl.ws_bytes, a->workspace_bytes);
         }
         if (m0 == 0 && log_enabled()) {
-            char name[16];
             log_once("gguf %s m=%lld n=%lld k=%lld x=%s y=%s: decode mt=%d rows/warp=%d tiles=%d split_k=%d%s "
                      "x_chunks=%d load=%dB%s blocks/SM~%d smem=%zu+%d%s",
-                     format_name(a->format, name), (long long)a->m, (long long)a->n, (long long)a->k,
-                     dtype_name(a->x_dtype), dtype_name(a->y_dtype), pl.mt, pl.rows_per_warp, pl.tiles, pl.split_k,
-                     pl.split_forced ? " (forced)" : "", pl.x_chunks, pl.load_bytes, pl.async ? " cp.async" : "",
+                     gguf_registry_name(a->format), (long long)a->m, (long long)a->n, (long long)a->k,
+                     dtype_short_name(a->x_dtype), dtype_short_name(a->y_dtype), pl.mt, pl.rows_per_warp, pl.tiles,
+                     pl.split_k, pl.split_forced ? " (forced)" : "", pl.x_chunks, pl.load_bytes, pl.async ? " cp.async" : "",
                      pl.blocks_per_sm, pl.dyn_smem, static_smem<FMT, MT>(pl.async),
                      launches > 1 ? "; m > 4: one decode launch per 4 rows (prefill tier not built yet)" : "");
         }
@@ -291,8 +289,9 @@ struct Variant {
     }
 };
 
-// Runtime (format, mt) -> Variant<FMT, MT>::op(args...), generated from QG_GGUF_FORMATS
-// and the M-tile list: the one place where runtime values become template arguments.
+// Runtime (format, mt) -> Variant<FMT, MT>::op(args...): the format through the X-macro's
+// switch (with_gguf_format), then the M-tile list: the one place where runtime values
+// become template arguments.
 #define QG_GGUF_MTILES(X) X(1) X(2) X(4)
 
 template <int FMT, class Op>
@@ -309,13 +308,8 @@ auto dispatch_mt(int mt, Op& op) -> decltype(op.template run<FMT, 1>())
 template <class Op>
 auto dispatch(qg_format format, int mt, Op& op) -> decltype(op.template run<QG_FORMAT_Q8_0, 1>())
 {
-    switch (format) {
-#define QG_FMT_CASE(NAME, BLOCK, BE) \
-    case QG_FORMAT_##NAME: return dispatch_mt<QG_FORMAT_##NAME>(mt, op);
-        QG_GGUF_FORMATS(QG_FMT_CASE)
-#undef QG_FMT_CASE
-    default: return op.unknown();
-    }
+    return with_gguf_format(
+        format, [&](auto fmt) { return dispatch_mt<decltype(fmt)::value>(mt, op); }, [&] { return op.unknown(); });
 }
 
 struct WorkspaceOp {

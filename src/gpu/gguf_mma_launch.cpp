@@ -14,6 +14,7 @@
 #include "tier_table.h"
 #include "tiers.h"
 #include "gguf_mma.hip"
+#include "formats/gguf_formats.h"
 #include "launch_util.h"
 
 namespace qg {
@@ -23,8 +24,6 @@ using gguf_mma::kCols;
 using launch_util::align16;
 using launch_util::ceil_div;
 using launch_util::dtype_bytes;
-using launch_util::dtype_name;
-using launch_util::format_name;
 using gguf_mma::kThreads;
 using gguf_mma::kWarps;
 
@@ -62,7 +61,7 @@ Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a)
     pl.mp = mp_for(a->m < kCols ? a->m : kCols);
     pl.smem = (size_t)S::smem_bytes(pl.mp);
     pl.tiles = (int)ceil_div(a->n, S::ROWS);
-    int bps = gpu_smem_per_sm(ctx) / (int)(pl.smem + S::GRID_WORDS * 4 + 1024 + 16);
+    int bps = gpu_smem_per_sm(ctx) / (int)(pl.smem + S::B::kGridWords * 4 + 1024 + 16);
     pl.blocks_per_sm = bps < 1 ? 1 : bps > 16 ? 16 : bps;
     int64_t split = 1;
     if (ctx->split_k > 0) {
@@ -147,12 +146,12 @@ qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t 
         chunk.m = m_valid;
         const Plan pl = make_plan<FMT>(ctx, &chunk);
         if (c == 0 && log_enabled()) {
-            char name[16];
             log_once("gguf %s m=%lld n=%lld k=%lld x=%s y=%s: decode_mma (int8 x per 32, mma.sync) mp=%d "
                      "tiles=%d split_k=%d%s blocks/SM~%d smem=%zu%s",
-                     format_name(a->format, name), (long long)a->m, (long long)a->n, (long long)a->k, dtype_name(a->x_dtype),
-                     dtype_name(a->y_dtype), pl.mp, pl.tiles, pl.split, pl.forced ? " (forced)" : "", pl.blocks_per_sm,
-                     pl.smem, chunks > 1 ? "; m > 8: one launch pair per 8 rows" : "");
+                     gguf_registry_name(a->format), (long long)a->m, (long long)a->n, (long long)a->k,
+                     dtype_short_name(a->x_dtype), dtype_short_name(a->y_dtype), pl.mp, pl.tiles, pl.split,
+                     pl.forced ? " (forced)" : "", pl.blocks_per_sm, pl.smem,
+                     chunks > 1 ? "; m > 8: one launch pair per 8 rows" : "");
         }
 
         gguf_mma::PrepParams pp;
@@ -164,7 +163,7 @@ qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t 
         pp.mp = pl.mp;
         pp.x_dtype = (int)a->x_dtype;
         pp.bias = S::B::kBias;
-        pp.unit16 = FMT == QG_FORMAT_Q6_K;
+        pp.unit16 = S::B::kUnit16;
         gguf_mma::gguf_mma_prep_kernel<<<(unsigned)ceil_div(nslices, kWarps), kThreads, 0, stream>>>(pp);
         qg_status st = gpu_check_launch("gguf decode_mma x prep");
         if (st != QG_OK) return st;
@@ -218,24 +217,15 @@ bool int8_usable(const qg_context* ctx, const qg_gguf_gemm_args& a, const char**
 
 size_t int8_workspace(const qg_context* ctx, const qg_gguf_gemm_args& a)
 {
-    switch (a.format) {
-#define QG_WS_CASE(NAME, BLOCK, BE) \
-    case QG_FORMAT_##NAME: return workspace_of<QG_FORMAT_##NAME>(ctx, &a);
-        QG_GGUF_FORMATS(QG_WS_CASE)
-#undef QG_WS_CASE
-    default: return 0;
-    }
+    return with_gguf_format(
+        a.format, [&](auto fmt) { return workspace_of<decltype(fmt)::value>(ctx, &a); }, [] { return (size_t)0; });
 }
 
 qg_status int8_launch(const qg_context* ctx, const qg_gguf_gemm_args& a, qg_stream stream)
 {
-    switch (a.format) {
-#define QG_LAUNCH_CASE(NAME, BLOCK, BE) \
-    case QG_FORMAT_##NAME: return launch<QG_FORMAT_##NAME>(ctx, &a, (hipStream_t)stream);
-        QG_GGUF_FORMATS(QG_LAUNCH_CASE)
-#undef QG_LAUNCH_CASE
-    default: return set_error(QG_ERR_INVALID_ARGUMENT, "format=%d is not a GGUF format", (int)a.format);
-    }
+    return with_gguf_format(
+        a.format, [&](auto fmt) { return launch<decltype(fmt)::value>(ctx, &a, (hipStream_t)stream); },
+        [&] { return set_error(QG_ERR_INVALID_ARGUMENT, "format=%d is not a GGUF format", (int)a.format); });
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Small helpers shared by the GPU launchers (src/gpu/*_launch.cpp): sizes, dtype and
-// format names for QG_LOG lines, and the once-per-device shared-memory limit.
+// Small helpers shared by the GPU launchers (src/gpu/*_launch.cpp): sizes and the
+// once-per-device shared-memory limit. Dtype sizes and names: src/dtypes.h; GGUF format
+// names and the format switch: src/formats/gguf_formats.h.
 #pragma once
 
 #include <stddef.h>
@@ -9,8 +10,8 @@
 #include <mutex>
 
 #include "compat.h"
+#include "dtypes.h"
 #include "elem.h"
-#include "formats/blocks.h"
 #include "tiers.h"
 
 namespace qg {
@@ -20,36 +21,12 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 inline size_t align16(size_t v) { return (v + 15) & ~(size_t)15; }
 
-inline int dtype_bytes(qg_dtype d) { return d == QG_DTYPE_F32 ? 4 : 2; }
+// Bytes of one element of an activation or output dtype (src/dtypes.h), as an int for
+// pointer offsets.
+inline int dtype_bytes(qg_dtype d) { return (int)dtype_size(d); }
 
 // The device element type (hip/elem.h) of an fp32 / fp16 / bf16 dtype.
 inline int elem_type(qg_dtype d) { return d == QG_DTYPE_BF16 ? ELEM_BF16 : d == QG_DTYPE_F32 ? ELEM_F32 : ELEM_F16; }
-
-inline const char* dtype_name(qg_dtype d)
-{
-    return d == QG_DTYPE_F32 ? "f32" : d == QG_DTYPE_F16 ? "f16" : d == QG_DTYPE_BF16 ? "bf16" : "?";
-}
-
-// Registry name of a QG_GGUF_FORMATS entry: lower case except the K of the K-quants
-// ("Q4_K" -> "q4_K", "IQ4_XS" -> "iq4_xs"). Writes into out[16].
-inline const char* format_name(qg_format f, char* out)
-{
-    const char* in = "?";
-    switch (f) {
-#define QG_NAME(NAME, BLOCK, BE) \
-    case QG_FORMAT_##NAME: in = #NAME; break;
-        QG_GGUF_FORMATS(QG_NAME)
-#undef QG_NAME
-    default: break;
-    }
-    int i = 0;
-    for (; in[i] != 0 && i < 15; ++i) {
-        const bool k_quant = in[i] == 'K' && i > 0 && in[i - 1] == '_';
-        out[i] = (in[i] >= 'A' && in[i] <= 'Z' && !k_quant) ? (char)(in[i] - 'A' + 'a') : in[i];
-    }
-    out[i] = 0;
-    return out;
-}
 
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` once per device: `done` is the
 // kernel's own mask of devices already raised (a static of the caller, one per kernel).
