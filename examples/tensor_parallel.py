@@ -21,7 +21,8 @@ the residual add of a full block are the same on every process and are left out.
 compares both with the float64 reference of the block; exit 1 past the bounds.
 --bench M,M,...: the time of one sharded block (GEMMs + SiLU-GLU + all-reduce) against the
 unsharded block on one device, per M (median of --repeats runs of --iters steps each,
-GemmPlans so that Python costs a few microseconds per GEMM).
+GemmPlans so that Python costs a few microseconds per GEMM; on a GPU the steps cycle
+through copies of the weights, 180 MB at least, so that none is read from the L2).
 """
 from __future__ import annotations
 
@@ -106,6 +107,25 @@ def bound(args, w, on_gpu: bool) -> float:
     return 2 * (4 * UNIT[args.dtype] + int8) + 4 * (hidden + inter + args.world_size) * U32
 
 
+# Weight bytes that consecutive timed steps cycle through on a GPU: three times the H200's
+# 60 MB L2, so that no step finds its weights cached by the previous ones (DESIGN.md,
+# "Performance contract": the bench rotates weight copies the same way).
+ROTATE_BYTES = 3 * 60 << 20
+
+
+def _rotating(ws, ctx, device, dtype, m: int, args):
+    """An endless cycle of Blocks on copies of the weights ws (one copy on the CPU, enough
+    copies to make ROTATE_BYTES on a GPU), their x filled with the same random rows."""
+    import itertools
+    per = sum(w.nbytes for w in ws)
+    copies = 1 if device.type == "cpu" else min(args.max_copies, -(-ROTATE_BYTES // per))
+    blocks = [Block(*ws, ctx, device, dtype, m) for _ in range(copies)]
+    blocks[0].x.normal_()
+    for b in blocks[1:]:
+        b.x.copy_(blocks[0].x)
+    return itertools.cycle(blocks)
+
+
 def _timed(fn, sync, iters: int, repeats: int) -> float:
     """Median over `repeats` of the mean time of one fn() in a run of `iters`, in us."""
     fn()
@@ -181,16 +201,14 @@ def worker(rank: int, world: int, args, port: int | None) -> int:
         dist.barrier()
 
     for m in args.bench:
-        tp = Block(*mine, ctx, device, dtype, m)
-        tp.x.normal_()
-        step = lambda: dist.all_reduce(tp.step())  # noqa: E731
+        tp = _rotating(mine, ctx, device, dtype, m, args)
+        step = lambda: dist.all_reduce(next(tp).step())  # noqa: E731
         dist.barrier()
         t_tp = _timed(step, sync, args.iters, args.repeats)
         dist.barrier()
         if rank == 0:
-            one = Block(gate, up, down, ctx, device, dtype, m)
-            one.x.copy_(tp.x)
-            t_1 = _timed(one.step, sync, args.iters, args.repeats)
+            one = _rotating((gate, up, down), ctx, device, dtype, m, args)
+            t_1 = _timed(lambda: next(one).step(), sync, args.iters, args.repeats)
             print(f"bench M={m}: sharded over {where} {t_tp:.1f} us, one {device.type} {t_1:.1f} us "
                   f"(x{t_1 / t_tp:.2f})")
         dist.barrier()
@@ -244,6 +262,8 @@ def main(argv=None) -> int:
                     help="comma-separated M to time, e.g. 1,512")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--max-copies", type=int, default=16,
+                    help="most weight copies --bench cycles through on a GPU (to defeat the L2)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if importlib.util.find_spec("torch") is None:
