@@ -43,11 +43,12 @@ def tiny_llama(tmp_path_factory):
 
 
 @pytest.mark.parametrize("source", ["int4", "gguf"])
-def test_two_processes_match_one(source, tiny_llama):
+def test_two_processes_match_one(rng, source, tiny_llama):
+    """--seed from the rng fixture: random weights (int4) and x are drawn afresh each run."""
     _gloo()
     extra = ["--tokens", "5"] if source == "int4" else ["--gguf", str(tiny_llama), "--dtype", "float16"]
     r = _run(["--backend", "gloo", "--world-size", "2", "--check", "--bench", "1", "--iters", "2",
-              "--repeats", "1", *extra])
+              "--repeats", "1", "--seed", str(int(rng.integers(2 ** 31))), *extra])
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     m = CHECK.search(r.stdout)
