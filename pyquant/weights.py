@@ -169,6 +169,21 @@ class _Weight:
     def _host(self, name: str):
         return _to_host(getattr(self, name), self.ctx)
 
+    # -- tensor / expert parallelism
+    def shard(self, axis, parts, index: int):
+        """Part `index` of `parts` along `axis`: "n" (column-parallel: whole output
+        features), "k" (row-parallel: a slice of the inputs; partial outputs are summed) or
+        "expert" (stacked MXFP4 experts), or an index into .shape. `parts` is a number of
+        equal parts or a list of sizes. The result is a weight of the same class, format
+        and layout holding that slice (copies), where this one lives. A cut that would
+        split a packed word, a group or a block is refused naming the rule: int4 N at
+        multiples of 8 and K of group_size; frag N of 16 and K of 128 (the frag shard is
+        then byte for byte the repack of the canonical shard); GGUF K of its block; MXFP4
+        K of 32 (row-parallel parts after part 0 drop the bias). pyquant.shard.plan() lists
+        the byte copies; docs/tensor-parallel.md."""
+        from . import shard as _shard
+        return _shard.shard(self, axis, parts, index)
+
     def __repr__(self) -> str:
         where = "device" if self.is_device else ("host" if self.ctx is None else self.ctx.backend)
         return (f"{type(self).__name__}(format={self.format!r}, shape={self.shape}, "
