@@ -52,7 +52,7 @@ def misc_specs(draw):
 
 
 OPTION_RANGE = {b"cpu_threads": (0, None), b"w4a16_tier": (0, 3), b"gguf_tier": (0, 3),
-                b"split_k": (0, None)}
+                b"split_k": (0, None), b"cpu_precision": (0, 2)}
 
 
 def misc_case(s):
