@@ -33,7 +33,7 @@ from isolation import run_isolated
 from raw_gpu import RawGpu
 from conftest import FP32_EXACT
 from pyquant import _lib as L
-from pyquant.formats import FORMATS, int4, mxfp4, reference
+from pyquant.formats import FORMATS, int4, int8_act, mxfp4, reference
 
 pytestmark = pytest.mark.skipif(not L.library_loaded(), reason="libquantgemm is not loaded")
 
@@ -500,7 +500,8 @@ def test_row_strides_past_2_to_the_31_elements_gpu(dev, rng, fn):
         raw = spec.module.random_blocks(rng, n, k, d_range=(1e-3, 1e-2))
         a = L.qg_gguf_gemm_args(format=spec.qg_format, m=m, n=n, k=k, x_dtype=F16, y_dtype=F16, x=X, ldx=ldx,
                                 w=dev.upload(raw), ldw=raw.shape[1], y=Y, ldy=ldy)
-        w = spec.module.dequantize(raw)
+        w = None  # the GPU's default GGUF tier quantizes x to int8 per 32 elements: its model
+        ref = int8_act.gemm_model(x, "q4_K", raw)[0]  # (docs/gguf-layout.md section 6)
         name = "qg_gguf_gemm"
     else:
         blocks = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
@@ -511,14 +512,16 @@ def test_row_strides_past_2_to_the_31_elements_gpu(dev, rng, fn):
         name = "qg_mxfp4_gemm"
     status, msg = gpu_call(dev, name, a)
     assert status == 0, msg
-    ref = reference.gemm(x, w)
+    if w is not None:
+        ref = reference.gemm(x, w)
     for i in range(m):
         # 64 elements past each row but the last (the buffer ends with the last row)
         row = dev.download(Y, (n + 64 if i < m - 1 else n,), np.float16, offset=i * ldy * 2)
         err = np.linalg.norm(row[:n].astype(np.float64) - ref[i]) / np.linalg.norm(ref[i])
-        # the GPU's default GGUF tier quantizes x to int8 per 32 elements (docs/gguf-layout.md
-        # section 6): 2^-6 normwise is about three times that error's RMS
-        bound = REL_BOUND[F16] + (2.0 ** -6 if fn == "gguf" else 0.0)
+        # fp16 y: its rounding (2^-11) and fp32 accumulation; the GGUF case against the int8
+        # model, whose activation error a fixed normwise bound over 64 outputs did not hold
+        # for every seed (0.0172 > 2^-6 + 1e-3 once on the H200)
+        bound = REL_BOUND[F16]
         assert err <= bound, f"{name}: row {i} at element {i * ldy}: normalised error {err:.3e}"
         assert not row[n:].view(np.uint16).any(), f"{name}: written past row {i}"
     # a wrapped int32 offset of row 2 (2 * ldy = 2^32 + 64 -> 64) would land here

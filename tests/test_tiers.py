@@ -15,6 +15,7 @@ import pytest
 import pyquant
 from pyquant import _lib, tiers
 from pyquant.formats import reference
+from conftest import FP32_EXACT
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -50,6 +51,7 @@ def _int4(rng, n=64, k=256, g=64):
 
 def test_set_tier_by_name_and_back_to_auto(rng, assert_close):
     ctx = pyquant.Context("cpu")
+    ctx.set_option("cpu_precision", FP32_EXACT)  # the bound below is the fp32-exact path's
     w = _int4(rng)
     x = rng.standard_normal((3, 256)).astype(np.float32).astype(BF16)
     xd = pyquant.DeviceArray.from_numpy(x, ctx)
@@ -78,6 +80,7 @@ def test_forced_gpu_tier_on_a_cpu_context_is_refused_and_writes_nothing(rng):
     if not gpu_names:
         pytest.skip("CPU-only build: no GPU tier to force")
     ctx = pyquant.Context("cpu")
+    ctx.set_option("cpu_precision", FP32_EXACT)  # the bound below is the fp32-exact path's
     w = _int4(rng)
     x = rng.standard_normal((3, 256)).astype(np.float32).astype(BF16)
     y = np.full((3, 64), np.nan, np.float32)
