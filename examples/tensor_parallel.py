@@ -98,12 +98,13 @@ def bound(args, w, on_gpu: bool) -> float:
     """||y - ref|| / ||ref|| of one run of the block (sharded or not). x is exact in its
     dtype; g and u are rounded to it, the SiLU output and the product once more each: four
     roundings of at most its unit roundoff u, relative and normwise through these random
-    weights, x2 margin. On a GPU the GGUF tier quantizes its activations to int8 per 32
-    (2^-8 relative, for gate/up and for down). fp32 accumulation over H and I: the test
+    weights, x2 margin. The GPU's GGUF tier and the CPU tier's default precision
+    (cpu_precision auto, every format) quantize the activations to int8 per 32 (2^-8
+    relative, for gate/up and for down). fp32 accumulation over H and I: the test
     suite's 4 k u32 (tests/test_api_cpu.py gemm_bound), the all-reduce adding p - 1 more
     roundings of the sum."""
     inter, hidden = w[0].shape
-    int8 = 2 * 2.0 ** -8 if on_gpu and isinstance(w[0], pyquant.GGUFWeight) else 0.0
+    int8 = 2 * 2.0 ** -8 if not on_gpu or isinstance(w[0], pyquant.GGUFWeight) else 0.0
     return 2 * (4 * UNIT[args.dtype] + int8) + 4 * (hidden + inter + args.world_size) * U32
 
 
