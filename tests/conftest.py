@@ -11,6 +11,12 @@
 - `poisoned_output`, `assert_close`, `assert_bitwise_equal`: the checking helpers
   (DESIGN "Correctness contract": poisoned outputs with guard bands, normalised error
   with a named bound and the worst coordinate, first mismatch reported bit for bit).
+- `registry_formats(kind)`: the names of the format registry (pyquant/formats/__init__.py),
+  optionally of one kind ("gguf"), in QG_FORMAT order: what a per-format test parametrises
+  over, so that a new registry row is tested by default.
+- `format_entry(table, table_name, fmt)`: the entry of a hand-written per-format table (a
+  measured bound, a byte offset: facts the registry does not hold); a registry format with
+  no entry fails naming the format and the table, instead of being left out.
 - PYQUANT_TEST_MARGIN_LOG=<path>: every passing assert_close appends its err/bound there
   (tools/margins.py runs the suite over many seeds and reports the tightest bounds).
 - the terminal summary ends with the ABI fuzz's case counts ("quantgemm ABI fuzz: N cases"),
@@ -57,6 +63,21 @@ def pytest_collection_modifyitems(config, items):
     if reason is not None:
         for it in gpu_items:
             it.add_marker(pytest.mark.skip(reason=reason))
+
+
+def registry_formats(kind: str | None = None) -> list[str]:
+    """Registry names of `kind` ("int4" | "gguf" | "mxfp4"; None: all), in QG_FORMAT order."""
+    from pyquant.formats import FORMATS
+    return [name for name, spec in FORMATS.items() if kind is None or spec.kind == kind]
+
+
+def format_entry(table, table_name: str, fmt: str):
+    """table[fmt]; a format without an entry fails the test with a sentence naming the format
+    and the table (`table_name`: the table and its file) that needs a row for it."""
+    if fmt not in table:
+        pytest.fail(f"{fmt}: a registry format (pyquant/formats/__init__.py) with no entry in "
+                    f"{table_name}; add one (docs/architecture.md, \"How to add a GGUF format\")")
+    return table[fmt]
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
 """The numpy GGUF reference (pyquant/formats) against the `gguf` package, and the registry.
 
 Every GGUF format of the registry is picked up by default (parametrised over FORMATS);
-formats of another kind are skipped explicitly, with the file that covers them named.
+formats of another kind are skipped explicitly, with the file that covers them named. The
+per-format facts the registry does not hold (FP16_FIELDS, ERROR_BOUND, WHOLE_FORMAT_CHECKS)
+are read through conftest's format_entry: a format without its entry fails naming both.
 Inputs are fresh random numbers every run; the generator's seed is in each test id's
 failure output (printed by `rng` below).
 """
@@ -16,12 +18,11 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from pyquant import formats
+from conftest import format_entry
+from pyquant import _lib, formats
 from pyquant.formats import iq_tables
 
 REPO = Path(__file__).resolve().parents[1]
-
-ALL_NAMES = ("int4", "q8_0", "q4_0", "q4_K", "q6_K", "iq4_xs", "iq3_xxs", "mxfp4")
 
 
 def gguf_params():
@@ -79,10 +80,15 @@ def gaussian(rng, n, k):
 # ------------------------------------------------------------------ registry
 
 def test_registry_lists_every_format():
-    assert set(formats.FORMATS) == set(ALL_NAMES)
+    # The registry against the ctypes mirror's qg_format (tests/test_lib_mirror.py holds that
+    # to include/quantgemm.h): a QG_FORMAT value without a registry row, or a row without one.
+    enum = {m.name: m.value for m in _lib.Format}
+    rows = {f"QG_FORMAT_{name.upper()}": spec.qg_format for name, spec in formats.FORMATS.items()}
+    assert rows == enum, (f"registry rows without a QG_FORMAT value: {sorted(rows.keys() - enum.keys())}; "
+                          f"QG_FORMAT values without a registry row: {sorted(enum.keys() - rows.keys())}")
     assert formats.names() == sorted(formats.FORMATS, key=lambda s: formats.FORMATS[s].qg_format)
     assert formats() == formats.names()  # pyquant.formats() is the documented way to list them
-    for name in ALL_NAMES:
+    for name in formats.FORMATS:
         spec = formats.get(name)
         assert spec.name == name
         assert spec.kind in ("int4", "gguf", "mxfp4")
@@ -97,8 +103,8 @@ def test_get_unknown_format_names_the_known_ones():
         formats.get("q4_k")
     msg = str(err.value)
     assert "'q4_k'" in msg
-    for name in ALL_NAMES:
-        assert name in msg
+    for name in formats.FORMATS:
+        assert name in msg, f"{name} missing from {msg!r}"
     with pytest.raises(ValueError):
         formats.get(None)  # type: ignore[arg-type]
 
@@ -181,7 +187,8 @@ FP16_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_K": (0, 2), "q6_K": (208,), "iq4_
 
 def fp16_fields(spec, raw):
     blocks = raw.reshape(raw.shape[0], -1, spec.block_bytes)
-    return np.stack([np.ascontiguousarray(blocks[..., o:o + 2]).view("<f2")[..., 0] for o in FP16_FIELDS[spec.name]])
+    offsets = format_entry(FP16_FIELDS, "FP16_FIELDS of tests/test_gguf_reference.py", spec.name)
+    return np.stack([np.ascontiguousarray(blocks[..., o:o + 2]).view("<f2")[..., 0] for o in offsets])
 
 
 @pytest.mark.parametrize("spec", GGUF)
@@ -230,6 +237,10 @@ def test_quantize_then_dequantize_bit_exact(spec, rng):
 ERROR_BOUND = {"q8_0": 0.007, "q6_K": 0.021, "q4_K": 0.09, "iq4_xs": 0.093, "q4_0": 0.107, "iq3_xxs": 0.223}
 
 
+def error_bound(spec) -> float:
+    return format_entry(ERROR_BOUND, "ERROR_BOUND of tests/test_gguf_reference.py", spec.name)
+
+
 def rel_err(deq, W):
     return float(np.linalg.norm((deq - W).astype(np.float64)) / np.linalg.norm(W.astype(np.float64)))
 
@@ -238,7 +249,7 @@ def rel_err(deq, W):
 def test_quantize_error_gaussian(spec, rng):
     W = gaussian(rng, 32, 4096)
     err = rel_err(spec.module.dequantize(spec.module.quantize(W)), W)
-    assert err < ERROR_BOUND[spec.name], f"{spec.name}: normalised error {err:.4f}"
+    assert err < error_bound(spec), f"{spec.name}: normalised error {err:.4f}"
 
 
 def test_quantize_error_ordered_by_bits(rng):
@@ -280,7 +291,7 @@ def test_quantize_edge_rows(spec, rng):
     deq = spec.module.dequantize(raw)
     assert_bitwise_equal(deq, gguf_dequantize(spec, raw), f"{spec.name} edge rows")
     assert np.array_equal(deq[0], np.zeros(k, np.float32)), f"{spec.name}: zero row does not come back as zeros"
-    bound = EDGE_FACTOR * ERROR_BOUND[spec.name]
+    bound = EDGE_FACTOR * error_bound(spec)
     for i, (what, row) in enumerate(rows.items()):
         if what == "zeros":
             continue
@@ -395,11 +406,10 @@ WHOLE_FORMAT_CHECKS = {"q8_0": check_q8_0, "q4_0": check_q4_0, "q4_K": check_q4_
 
 @pytest.mark.parametrize("spec", GGUF)
 def test_quantize_exercises_the_whole_format(spec, rng):
-    if spec.name not in WHOLE_FORMAT_CHECKS:
-        pytest.fail(f"{spec.name}: add a whole-format check to WHOLE_FORMAT_CHECKS")
+    check = format_entry(WHOLE_FORMAT_CHECKS, "WHOLE_FORMAT_CHECKS of tests/test_gguf_reference.py", spec.name)
     W = whole_format_weights(rng, spec)
     raw = spec.module.quantize(W)
-    WHOLE_FORMAT_CHECKS[spec.name](spec.module, raw, W, rng)
+    check(spec.module, raw, W, rng)
 
 
 @pytest.mark.parametrize("spec", GGUF)
