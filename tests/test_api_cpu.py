@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pyquant
-from conftest import FP32_EXACT
+from conftest import FP32_EXACT, registry_formats
 from pyquant import formats as F
 from pyquant.formats import int4 as int4_ref
 from pyquant.formats import mxfp4 as mxfp4_ref
@@ -28,7 +28,7 @@ F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 DTYPES = {"fp16": F16, "bf16": BF16, "fp32": F32}
 
 EDGE_MS = (1, 2, 3, 5, 8, 16, 17, 33, 300)
-GGUF_FORMATS = [n for n, s in F.FORMATS.items() if s.kind == "gguf"]
+GGUF_FORMATS = registry_formats("gguf")
 
 # ---------------------------------------------------------------- tolerances
 U32 = 2.0 ** -24
@@ -374,9 +374,18 @@ def test_moe_default_tile_m_and_int64_ids(rng, assert_close):
 # ---------------------------------------------------------------- API surface
 
 def test_formats_and_build_info():
+    import ctypes
     assert pyquant.formats() == list(F.FORMATS)
-    assert set(pyquant.formats()) == {"int4", "q8_0", "q4_0", "q4_K", "q6_K", "iq4_xs",
-                                      "iq3_xxs", "mxfp4"}
+    # The library knows no format beyond the registry's (qg_format values are 0..n-1; the next
+    # test checks each row against the library): the value after the last row is refused.
+    e, b = ctypes.c_int32(), ctypes.c_int32()
+    try:
+        pyquant._lib.qg_format_block(len(F.FORMATS), ctypes.byref(e), ctypes.byref(b))
+    except pyquant.InvalidArgumentError as err:
+        assert f"format={len(F.FORMATS)} is not a qg_format value" in str(err), str(err)
+    else:
+        pytest.fail(f"the library knows format={len(F.FORMATS)} ({e.value} elements / {b.value} bytes a "
+                    f"block), which has no row in the registry (pyquant/formats/__init__.py)")
     info = pyquant.build_info()
     assert "cpu" in info and pyquant.__version__ in info, info
 
