@@ -15,24 +15,30 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from conftest import format_entry, registry_formats
 from pyquant import formats
 from pyquant.formats import int8_act, reference
 
-FMTS = ("q8_0", "q4_0", "q4_K", "q6_K", "iq4_xs", "iq3_xxs")
-# (code min, code max, bias, unit) of each format as the kernel sees it
+FMTS = registry_formats("gguf")  # the GPU int8 tier serves every GGUF format
+# (code min, code max, bias, unit, min term) of each format as the kernel sees it; read
+# through code_spec, so that a GGUF format without a row fails naming it
 CODE_SPEC = {
-    "q8_0": (-128, 127, 0, 32),
-    "q4_0": (0, 15, 8, 32),
-    "q4_K": (0, 15, 0, 32),
-    "q6_K": (0, 63, 32, 16),
-    "iq4_xs": (-127, 113, 0, 32),
-    "iq3_xxs": (-62, 62, 0, 32),
+    "q8_0": (-128, 127, 0, 32, False),
+    "q4_0": (0, 15, 8, 32, False),
+    "q4_K": (0, 15, 0, 32, True),
+    "q6_K": (0, 63, 32, 16, False),
+    "iq4_xs": (-127, 113, 0, 32, False),
+    "iq3_xxs": (-62, 62, 0, 32, False),
 }
 D_RANGES = [pytest.param(None, id="any_f16"), pytest.param((1e-3, 1e-1), id="d_1e-3_1e-1")]
 X_DTYPES = [pytest.param(np.dtype(np.float32), id="fp32"), pytest.param(np.dtype(np.float16), id="fp16"),
             pytest.param(np.dtype(ml_dtypes.bfloat16), id="bf16")]
 EPS32 = 2.0 ** -23  # float32 ulp of 1
 MIN_NORMAL_DX_AMAX = 127 * 2.0 ** -126  # smallest amax whose dx = amax/127 is a normal float32
+
+
+def code_spec(fmt: str) -> tuple:
+    return format_entry(CODE_SPEC, "CODE_SPEC of tests/test_int8_act_model.py", fmt)
 
 
 def seeded(*key) -> np.random.Generator:
@@ -60,12 +66,13 @@ def test_decomposition_bit_exact(fmt, d_range, assert_bitwise_equal):
     n, k = 24, 1024
     raw = module.random_blocks(seeded("dec", fmt, d_range), n, k, d_range=d_range)
     dec = int8_act.decompose(fmt, raw)
-    lo, hi, bias, unit = CODE_SPEC[fmt]
+    lo, hi, bias, unit, mins = code_spec(fmt)
     assert dec.codes.dtype == np.int32 and dec.codes.shape == (n, k)
     assert (dec.codes.min(), dec.codes.max()) == (lo, hi), "random blocks must reach both code ends"
     assert (dec.bias, dec.unit) == (bias, unit)
     assert dec.sw.dtype == np.float32 and dec.sw.shape == (n, k // unit)
-    if fmt == "q4_K":
+    if mins:
+        assert dec.mw is not None, f"{fmt}: a format with a min term must decompose with mw"
         assert dec.mw.dtype == np.float32 and dec.mw.shape == (n, k // 32)
     else:
         assert dec.mw is None
@@ -75,7 +82,8 @@ def test_decomposition_bit_exact(fmt, d_range, assert_bitwise_equal):
     assert_bitwise_equal(w, module.dequantize(raw), f"{fmt}: sw * (codes - bias) - mw vs dequantize")
 
 
-@pytest.mark.parametrize("fmt", ["int4", "mxfp4", "q5_K"])
+# the registry's other kinds, and a name that is no registry format (names are case-sensitive)
+@pytest.mark.parametrize("fmt", [n for n in registry_formats() if n not in FMTS] + ["q4_k"])
 def test_decompose_rejects_other_formats(fmt):
     with pytest.raises(ValueError, match="no int8-activation decomposition"):
         int8_act.decompose(fmt, np.zeros((1, 34), dtype=np.uint8))
