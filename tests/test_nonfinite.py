@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from isolation import run_isolated
-from conftest import FP32_EXACT, log_margin
+from conftest import FP32_EXACT, format_entry, log_margin, registry_formats
 from raw_gpu import RawGpu
 from pyquant import _lib as L
 from pyquant.formats import FORMATS, int4, mxfp4, reference
@@ -40,7 +40,9 @@ NONFINITE = (np.nan, np.inf, -np.inf)
 # one rounding to the output dtype (2^-11 fp16, 2^-8 bf16), each about twice the worst.
 REL_BOUND = {F32: 2e-5, F16: 1e-3, BF16: 8e-3}
 
-# Byte offset of the fp16 super-block scale d inside each GGUF block (ggml-common.h).
+GGUF = sorted(registry_formats("gguf"))  # sorted: the activation dtype of test_gguf_cpu cycles over it
+# Byte offset of the fp16 super-block scale d inside each GGUF block (ggml-common.h), read
+# through format_entry: a GGUF format without its offset fails naming it.
 GGUF_D_OFFSET = {"q8_0": 0, "q4_0": 0, "q4_K": 0, "q6_K": 208, "iq4_xs": 0, "iq3_xxs": 0}
 
 
@@ -135,7 +137,7 @@ def gguf_run(rng, where, xdt, ydt, gemm, fmt):
     w = np.full((n, ldw), 0xFF, np.uint8)  # padding bytes 0xFF: fp16 NaN wherever read
     w[:, :row] = raw
     if where in ("weights", "x+weights"):
-        at = GGUF_D_OFFSET[fmt]
+        at = format_entry(GGUF_D_OFFSET, "GGUF_D_OFFSET of tests/test_nonfinite.py", fmt)
         for _ in range(2):
             r, b = rng.integers(n), rng.integers(row // spec.block_bytes)
             d = np.array([rng.choice(np.array(NONFINITE))], np.float16).view(np.uint8)
@@ -206,9 +208,9 @@ def test_w4a16_cpu(rng, where, xdt, ydt):
 
 
 @pytest.mark.parametrize("where", WHERE)
-@pytest.mark.parametrize("fmt", sorted(GGUF_D_OFFSET))
+@pytest.mark.parametrize("fmt", GGUF)
 def test_gguf_cpu(rng, where, fmt):
-    xdt = [F32, F16, BF16][sorted(GGUF_D_OFFSET).index(fmt) % 3]
+    xdt = [F32, F16, BF16][GGUF.index(fmt) % 3]
 
     def child():
         y, ref = gguf_run(rng, where, xdt, F32, cpu_gemm, fmt)
@@ -366,7 +368,7 @@ def gpu_gemm_with(gpu):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("where", WHERE)
-@pytest.mark.parametrize("family", ["w4a16", "mxfp4"] + sorted(GGUF_D_OFFSET))
+@pytest.mark.parametrize("family", ["w4a16", "mxfp4"] + GGUF)
 def test_gpu(gpu, rng, where, family):
     """Non-finite activations: the exact class, as on the CPU tier. Non-finite scales:
     only "non-finite where the reference is non-finite, finite elsewhere": GPU kernels
@@ -386,6 +388,6 @@ def test_gpu(gpu, rng, where, family):
     # GGUF on the GPU: the int8 tier (auto) turns a slice of x holding NaN or inf into
     # dx = NaN, and the float tier factors q4_K's min out of the block sum, so NaN may
     # stand where the reference has +-inf: only "non-finite exactly where the reference is".
-    exact = where not in ("weights", "x+weights") and family not in GGUF_D_OFFSET
+    exact = where not in ("weights", "x+weights") and family not in GGUF
     assert_like_reference(f"GPU {family} {where}", y, ref, ydt, expect_nonfinite=where != "padding-only",
                           exact_class=exact)
