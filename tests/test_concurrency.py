@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import FP32_EXACT, log_margin
+from conftest import FP32_EXACT, log_margin, registry_formats
 from raw_gpu import RawGpu
 from pyquant import _lib as L
 from pyquant.formats import FORMATS, int4, mxfp4, reference
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.skipif(not L.library_loaded(), reason="libquantgemm is 
 
 F32, F16, BF16 = 0, 1, 2
 NP = {F32: np.dtype(np.float32), F16: np.dtype(np.float16), BF16: np.dtype(ml_dtypes.bfloat16)}
+GGUF = registry_formats("gguf")  # the GGUF formats of the registry: problems cycle over them
 HOST_THREADS = 8        # more host threads than the 2 CI cores: calls really overlap
 REPEATS = 8             # calls per thread, interleaved with the other threads' calls
 
@@ -82,7 +83,7 @@ def run_threads(n, body):
 class Problem:
     """One call with its own inputs; run() writes a fresh output and returns it."""
 
-    def __init__(self, kind, rng, i):
+    def __init__(self, kind, rng, i, fmt=None):
         self.kind, self.keep = kind, []
         m = [1, 3, 17, 40][i % 4]
         if kind == "w4a16":
@@ -99,8 +100,7 @@ class Problem:
                 qzeros=qz.ctypes.data, ldy=n)
             self.fn = L.qg_w4a16_gemm
         elif kind == "gguf":
-            names = ["q8_0", "q4_0", "q4_K", "q6_K", "iq4_xs", "iq3_xxs"]
-            spec = FORMATS[names[i % len(names)]]
+            spec = FORMATS[GGUF[i % len(GGUF)] if fmt is None else fmt]
             n, k = 33 + i, spec.block_elems * (2 if spec.block_elems == 256 else 8)
             raw = spec.module.random_blocks(rng, n, k, d_range=(1e-3, 1e-2))
             xdt = [F32, F16, BF16][i % 3]
@@ -183,26 +183,41 @@ def problems(rng, count):
     return out
 
 
-@pytest.mark.parametrize("shared_context", [True, False], ids=["shared-context", "context-per-thread"])
-def test_cpu_threads_match_serial(rng, shared_context):
-    probs = problems(rng, HOST_THREADS * 2)
+def assert_threads_match_serial(probs, thread_ctx):
+    """HOST_THREADS host threads, thread t alternating problems t and t + HOST_THREADS on the
+    context thread_ctx(t) (called in the thread), REPEATS times: every result has the bits of
+    the same problem run serially on one worker thread."""
     serial_ctx = cpu_ctx(1)
     serial = [p.run(serial_ctx) for p in probs]
-    shared = cpu_ctx(0)
     results = {}
 
     def body(t):
-        # each host thread owns two problems and alternates them
-        ctx = shared if shared_context else cpu_ctx([0, 1, 2, 3][t % 4])
-        mine = [t, t + HOST_THREADS]
+        ctx = thread_ctx(t)
         for r in range(REPEATS):
-            for j in mine:
+            for j in (t, t + HOST_THREADS):
                 results[(j, r)] = probs[j].run(ctx)
 
     run_threads(HOST_THREADS, body)
     for (j, r), y in sorted(results.items()):
         assert_bits_equal(y, serial[j], f"problem {j} ({getattr(probs[j], 'kind', 'moe')}), repeat {r}")
     assert len(results) == HOST_THREADS * 2 * REPEATS
+
+
+@pytest.mark.parametrize("shared_context", [True, False], ids=["shared-context", "context-per-thread"])
+def test_cpu_threads_match_serial(rng, shared_context):
+    probs = problems(rng, HOST_THREADS * 2)
+    shared = cpu_ctx(0)
+    assert_threads_match_serial(probs, lambda t: shared if shared_context else cpu_ctx([0, 1, 2, 3][t % 4]))
+
+
+@pytest.mark.parametrize("fmt", GGUF)
+def test_cpu_threads_match_serial_every_gguf_format(rng, fmt):
+    """Every GGUF format of the registry under concurrent calls on a shared context (the
+    mixed problems of test_cpu_threads_match_serial reach only the formats their indices
+    draw)."""
+    probs = [Problem("gguf", rng, i, fmt=fmt) for i in range(HOST_THREADS * 2)]
+    shared = cpu_ctx(0)
+    assert_threads_match_serial(probs, lambda t: shared)
 
 
 def test_cpu_results_also_match_the_reference(rng):
@@ -344,8 +359,7 @@ class GpuProblem:
             self.out = ((m, n), NP[xdt])
             self.ref = lambda: reference.gemm(x, int4.dequantize(qw, sc, qz if i % 4 else None, g))
         elif kind == "gguf":
-            names = ["q8_0", "q4_0", "q4_K", "q6_K", "iq4_xs", "iq3_xxs"]
-            spec = FORMATS[names[i % len(names)] if fmt is None else fmt]
+            spec = FORMATS[GGUF[i % len(GGUF)] if fmt is None else fmt]
             n, k = 1536 + 8 * i, 2048
             raw = spec.module.random_blocks(rng, n, k, d_range=(1e-3, 1e-2))
             x = rng.standard_normal((m, k)).astype(np.float16)
@@ -480,7 +494,7 @@ def test_gpu_serial_results_match_the_reference(gpu, rng):
 # The GPU's default GGUF tier quantizes x to int8 per 32 elements: 2^-6 normwise is about
 # three times that error's RMS (tests/test_gpu_gemm.py holds it to a rigorous bound).
 GGUF_INT8 = 2.0 ** -6
-GPU_KINDS = ["w4a16", "mxfp4"] + [n for n, f in FORMATS.items() if f.kind == "gguf"]
+GPU_KINDS = ["w4a16", "mxfp4"] + GGUF
 
 
 @pytest.mark.gpu
