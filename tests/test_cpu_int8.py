@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 
 import pyquant
-from conftest import FP32_EXACT, log_margin, pinned_precision
+from conftest import FP32_EXACT, format_entry, log_margin, pinned_precision
 from pyquant import formats as F
 from pyquant.formats import cpu_int8, int4 as int4_ref, mxfp4 as mxfp4_ref, reference
+from test_nonfinite import GGUF_D_OFFSET
 
 INT8 = 2  # qg_context_set_option "cpu_precision" (include/quantgemm.h)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -232,7 +233,7 @@ def test_non_finite_rows_take_the_fp32_path(rng, fmt, int8_ctx, assert_bitwise_e
         args[1][3, 0], args[1][11, 1] = 255, 254   # NaN, and a scale whose decode overflows
     else:
         spec = F.get(fmt)
-        d_off = {"q6_K": 208}.get(fmt, 0)           # the fp16 super-block scale d
+        d_off = format_entry(GGUF_D_OFFSET, "GGUF_D_OFFSET of tests/test_nonfinite.py", fmt)  # fp16 d
         for r in bad_w:
             args[0][r, d_off:d_off + 2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
         assert spec.block_bytes > d_off
