@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import pyquant
+from conftest import registry_formats
 from pyquant import _lib, tiers
 from pyquant import formats as F
 from pyquant.formats import int4_frag, int8_act, reference
@@ -26,7 +27,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 U32 = 2.0 ** -24
 UNIT_ROUNDOFF = {F32: 2.0 ** -24, F16: 2.0 ** -11, BF16: 2.0 ** -8}
-GGUF_FORMATS = [n for n, s in F.FORMATS.items() if s.kind == "gguf"]
+GGUF_FORMATS = registry_formats("gguf")
 TIERS = {"w4a16": (0, 1, 2, 3), "gguf": (0, 1, 2, 3)}  # qg_context_set_option values
 
 
