@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--family", type=_csv(str), action="append", metavar="F",
                      help=f"families: {', '.join(C.FAMILIES)}")
     sel.add_argument("--format", type=_csv(str), action="append", metavar="FMT",
-                     help="registry formats: int4, q8_0, q4_0, q4_K, q6_K, iq4_xs, iq3_xxs, mxfp4")
+                     help=f"registry formats: {', '.join(C.BENCH_FORMATS)}")
     sel.add_argument("--variant", type=_csv(str), action="append", metavar="V",
                      help="w4a16: g{32|64|128}-{sym|asym}-{fp16|bf16}; gguf/mxfp4: fp32|fp16|bf16; "
                           "moe: gpt-oss-120b|gpt-oss-20b")
@@ -101,10 +101,9 @@ def _check_filters(args) -> None:
     for fam in args.family or []:
         if fam not in C.FAMILIES:
             raise ValueError(f"unknown family {fam!r}; families: {', '.join(C.FAMILIES)}")
-    known = {f for fs in C.FAMILY_FORMATS.values() for f in fs}
     for fmt in args.format or []:
-        if fmt not in known:
-            raise ValueError(f"unknown format {fmt!r}; formats: {', '.join(sorted(known))}")
+        if fmt not in C.BENCH_FORMATS:
+            raise ValueError(f"unknown format {fmt!r}; formats: {', '.join(sorted(C.BENCH_FORMATS))}")
     for m in args.m or []:
         if m < 1:
             raise ValueError(f"--m {m}: M must be >= 1")

@@ -25,9 +25,15 @@ import zlib
 
 import numpy as np
 
+from .. import formats as _formats
+
 FAMILIES = ("w4a16", "gguf", "mxfp4", "moe")
-GGUF_FORMATS = ("q8_0", "q4_0", "q4_K", "q6_K", "iq4_xs", "iq3_xxs")
+# Every GGUF format of the registry (pyquant/formats/__init__.py), in QG_FORMAT order: a new
+# registry row is benched by the default suite without an edit here.
+GGUF_FORMATS = tuple(name for name, spec in _formats.FORMATS.items() if spec.kind == "gguf")
 FAMILY_FORMATS = {"w4a16": ("int4",), "gguf": GGUF_FORMATS, "mxfp4": ("mxfp4",), "moe": ("mxfp4",)}
+# What --format accepts: the formats of every family, in that order.
+BENCH_FORMATS = tuple(dict.fromkeys(f for fs in FAMILY_FORMATS.values() for f in fs))
 
 # Standard shapes N x K and M values of DESIGN.md's performance contract.
 STANDARD_SHAPES = ((43008, 5376), (16384, 5376), (5376, 21504), (14336, 4096), (4096, 14336))
@@ -159,8 +165,7 @@ def check_case(case: Case) -> None:
 # ---------------------------------------------------------------------------- counting
 
 def _block(fmt: str) -> tuple[int, int]:
-    from pyquant import formats
-    spec = formats.get(fmt)
+    spec = _formats.get(fmt)
     return spec.block_elems, spec.block_bytes
 
 
