@@ -938,17 +938,27 @@ __global__ void __launch_bounds__(kThreads, Tune<MT>::kMinBlocks) gguf_decode_ke
     if (threadIdx.x == 0) p.counters[tile] = 0;
 }
 
+// The cp.async variant of an M tile: CUDA builds only (kAsyncBuild); a HIP build neither
+// instantiates nor launches it.
+template <int FMT, int MT>
+const void* async_decode_kernel()
+{
+    if constexpr (kAsyncBuild) return reinterpret_cast<const void*>(&gguf_decode_kernel<FMT, MT, true>);
+    return nullptr;
+}
+
+// The instantiations: every format of QG_GGUF_FORMATS x QG_GGUF_DECODE_MTILES x copy path.
+const void* decode_kernel(int format, int mt, bool async)
+{
+#define QG_CASE(FMT, MT)                                                                                  \
+    if (format == FMT && mt == MT)                                                                        \
+        return async ? async_decode_kernel<FMT, MT>() : reinterpret_cast<const void*>(&gguf_decode_kernel<FMT, MT, false>);
+#define QG_FORMAT_CASES(NAME, BLOCK, ELEMS) QG_GGUF_DECODE_MTILES(QG_CASE, QG_FORMAT_##NAME)
+    QG_GGUF_FORMATS(QG_FORMAT_CASES)
+#undef QG_FORMAT_CASES
+#undef QG_CASE
+    return nullptr;
+}
+
 }  // namespace gguf
 }  // namespace qg
-
-// Compiled on its own (the AMD compile check: clang++ -x hip ... hip/gguf.hip), the file
-// instantiates every kernel so that the check covers them; included by the launcher it
-// does not (the launcher instantiates what it launches).
-#if defined(__INCLUDE_LEVEL__) && __INCLUDE_LEVEL__ == 0
-#define QG_GGUF_INSTANTIATE(NAME, BLOCK, BE)                                                                  \
-    template __global__ void qg::gguf::gguf_decode_kernel<QG_FORMAT_##NAME, 1, false>(const qg::gguf::DecodeParams); \
-    template __global__ void qg::gguf::gguf_decode_kernel<QG_FORMAT_##NAME, 2, false>(const qg::gguf::DecodeParams); \
-    template __global__ void qg::gguf::gguf_decode_kernel<QG_FORMAT_##NAME, 4, false>(const qg::gguf::DecodeParams);
-QG_GGUF_FORMATS(QG_GGUF_INSTANTIATE)
-#undef QG_GGUF_INSTANTIATE
-#endif

@@ -1,5 +1,6 @@
-// GGUF GPU kernels: their parameters and the facts of each format that the launchers plan
-// with, shared by the kernel files (hip/gguf.hip, hip/gguf_mma.hip) and their launchers
+// GGUF GPU kernels: their parameters, the facts of each format that the launchers plan
+// with, the instantiation lists and the lookup functions, shared by the kernel files
+// (hip/gguf.hip, hip/gguf_mma.hip, one compilation unit each) and their launchers
 // (src/gpu/gguf_launch.cpp, src/gpu/gguf_mma_launch.cpp). Kernels take raw pointers and
 // report nothing.
 //
@@ -7,6 +8,11 @@
 //   gguf_decode_kernel        hip/gguf.hip       <gpu>:float (gguf_tier 1, every GPU)
 //   gguf_mma_prep_kernel      hip/gguf_mma.hip   <gpu>:int8_mma (gguf_tier 2, NVIDIA sm_80+):
 //   gguf_mma_kernel                                the x prep, then the GEMM
+//
+// The kernels are templates instantiated in their own file; a launcher reaches an
+// instantiation through its file's lookup function (the address of its host stub, for
+// hipLaunchKernel and hipFuncSetAttribute), because nvcc's whole-program mode keeps
+// template stubs local to the file that instantiates them.
 #pragma once
 
 #include <stdint.h>
@@ -32,6 +38,10 @@ constexpr int kThreads = 256;
 // two launches of 4 do the same arithmetic.
 constexpr int kMaxMTile = 4;
 
+// The instantiated M tiles of one format, smallest first (the launcher runs the smallest
+// that holds its rows): X(FMT, MT).
+#define QG_GGUF_DECODE_MTILES(X, FMT) X(FMT, 1) X(FMT, 2) X(FMT, 4)
+
 // Per-MT choices (speed only; results never depend on them).
 template <int MT>
 struct Tune {
@@ -49,6 +59,14 @@ struct Tune {
     static constexpr int kMinBlocks = MT == 1 ? 3 : 2;
 #endif
 };
+
+// The cp.async kernel (ASYNC = true: double-buffered rows, NVIDIA sm_80+) exists in CUDA
+// builds; HIP builds have only the synchronous one.
+#if defined(QG_GPU_CUDA)
+constexpr bool kAsyncBuild = true;
+#else
+constexpr bool kAsyncBuild = false;
+#endif
 
 // Row-buffer sets per warp: two for the asynchronous (cp.async, double-buffered)
 // kernel, one for the synchronous one.
@@ -154,6 +172,11 @@ struct DecodeParams {
     int kxb;              // blocks of K staged per x chunk (>= blocks of a split: one chunk)
 };
 
+// gguf_decode_kernel<FMT, MT, ASYNC>(DecodeParams): every format of QG_GGUF_FORMATS x
+// QG_GGUF_DECODE_MTILES, synchronous and (kAsyncBuild) cp.async; nullptr for any other
+// combination.
+const void* decode_kernel(int format, int mt, bool async);
+
 }  // namespace gguf
 
 namespace gguf_mma {
@@ -164,6 +187,10 @@ constexpr int kWarps = 4;             // warps of a thread block (64 rows)
 constexpr int kThreads = 32 * kWarps; // NVIDIA only (mma.sync)
 constexpr int kTileRows = 16;         // rows of W per warp (the mma M)
 constexpr int kCols = 8;              // rows of x per launch (the mma N)
+
+// The instantiated widths of the prepared x of one format (MP: the launch's rows of x
+// rounded up): X(FMT, MP).
+#define QG_GGUF_MMA_MPS(X, FMT) X(FMT, 2) X(FMT, 4) X(FMT, 8)
 
 // ------------------------------------------------------------------ prepared x
 // One 32-element slice j of K for the MP rows of x a launch serves (MP = 2, 4 or 8: the
@@ -283,6 +310,10 @@ struct MmaParams {
     uint32_t* split_count;  // [split_k] finished blocks per split (prepared-x zeroing)
     int n, nb, m_valid, y_dtype, split_k;
 };
+
+// gguf_mma_kernel<FMT, MP>(MmaParams): every format of QG_GGUF_FORMATS x QG_GGUF_MMA_MPS;
+// nullptr for any other combination.
+const void* mma_kernel(int format, int mp);
 
 }  // namespace gguf_mma
 }  // namespace qg

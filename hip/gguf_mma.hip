@@ -594,14 +594,17 @@ __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
     if (threadIdx.x == 0) p.tile_count[blockIdx.x] = 0;
 }
 
+// The instantiations: every format of QG_GGUF_FORMATS x QG_GGUF_MMA_MPS.
+const void* mma_kernel(int format, int mp)
+{
+#define QG_CASE(FMT, MP) \
+    if (format == FMT && mp == MP) return reinterpret_cast<const void*>(&gguf_mma_kernel<FMT, MP>);
+#define QG_FORMAT_CASES(NAME, BLOCK, ELEMS) QG_GGUF_MMA_MPS(QG_CASE, QG_FORMAT_##NAME)
+    QG_GGUF_FORMATS(QG_FORMAT_CASES)
+#undef QG_FORMAT_CASES
+#undef QG_CASE
+    return nullptr;
+}
+
 }  // namespace gguf_mma
 }  // namespace qg
-
-// Compiled on its own (the AMD compile check), the file instantiates every kernel so that
-// the check covers them; included by the launcher it does not.
-#if defined(__INCLUDE_LEVEL__) && __INCLUDE_LEVEL__ == 0
-#define QG_GGUF_MMA_INSTANTIATE(NAME, BLOCK, BE) \
-    template __global__ void qg::gguf_mma::gguf_mma_kernel<QG_FORMAT_##NAME, 2>(const qg::gguf_mma::MmaParams);
-QG_GGUF_FORMATS(QG_GGUF_MMA_INSTANTIATE)
-#undef QG_GGUF_MMA_INSTANTIATE
-#endif
