@@ -41,82 +41,19 @@
 // Integer codes become fp32 with the 2^23 trick: the float with bits 0x4B000000 is
 // 2^23, whose ulp is 1, so OR-ing an 8-bit integer v into its low mantissa bits gives
 // exactly 2^23 + v; one FADD of -(2^23 + bias) then yields v - bias exactly.
-#ifndef QG_HIP_GGUF_HIP
-#define QG_HIP_GGUF_HIP
-
 #include <stdint.h>
 
 #include "compat.h"
-#include "quantgemm.h"
-#include "formats/blocks.h"
 #include "formats/iq_tables.h"
+#include "gguf_device.h"
+#include "gguf_kernels.h"
 
 namespace qg {
 namespace gguf {
 
-// ------------------------------------------------------------------ configuration
-
-// Threads per thread block, fixed on every target so that the host never needs the
-// device's warp width: 8 warps on NVIDIA and RDNA, 4 wavefronts on CDNA.
-constexpr int kThreads = 256;
-
-// Rows of x handled by one launch at most; larger M loops over chunks of this size.
-// The kernel is instantiated for MT = 1, 2, 4; a chunk of 3 rows runs MT = 4 with
-// m_valid = 3 (the missing row of x is staged as zeros and never written). MT = 8 in
-// one launch would read W once instead of twice, but this SIMT tier is already
-// arithmetic bound at MT = 4 (docs/gguf-layout.md), and at 128 registers MT = 8 spills:
-// two launches of 4 do the same arithmetic.
-constexpr int kMaxMTile = 4;
-
-// Per-MT choices (speed only; results never depend on them).
-template <int MT>
-struct Tune {
-    // rows of W a warp streams at once: 2 lets one shared-memory read of x feed two
-    // rows (x traffic from shared memory is the next bottleneck after DRAM at M = 1);
-    // 1 at larger MT, where accumulators already fill the registers.
-    static constexpr int kRows = MT <= 2 ? 2 : 1;
-    // __launch_bounds__ occupancy floor (NVIDIA): 3 blocks of 256 threads = 24 warps per
-    // SM caps registers at 80 per thread at MT = 1; 2 blocks (128 registers) above. HIP
-    // reads the second argument as waves per SIMD; AMD is unmeasured, so no floor there
-    // (the compiler takes the registers it needs rather than spill).
-#if defined(QG_GPU_HIP)
-    static constexpr int kMinBlocks = 1;
-#else
-    static constexpr int kMinBlocks = MT == 1 ? 3 : 2;
-#endif
-};
-
-// Row-buffer sets per warp: two for the asynchronous (cp.async, double-buffered)
-// kernel, one for the synchronous one.
-__host__ __device__ constexpr int stages(bool async) { return async ? 2 : 1; }
-
-// Shared-memory bytes of one row's step buffer: a step of WC blocks, up to 15 bytes
-// of lead-in (a step starts at a block boundary, the wide loads at an aligned address
-// before it) and room for the decoder's aligned over-read of one word past the end.
-__host__ __device__ constexpr int row_buffer_bytes(int step_bytes) { return (step_bytes + 16 + 16 + 15) / 16 * 16; }
-
 // ------------------------------------------------------------------ small helpers
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
-
-// Products and differences that must round exactly as the gguf package's float32
-// numpy code does: never fused into an FMA. nvcc never contracts __fmul_rn; HIP's
-// __fmul_rn is a plain `x * y` that clang may contract, hence the pragma there.
-#if defined(QG_GPU_HIP)
-__device__ __forceinline__ float mul_rn(float a, float b)
-{
-#pragma clang fp contract(off)
-    return a * b;
-}
-__device__ __forceinline__ float sub_rn(float a, float b)
-{
-#pragma clang fp contract(off)
-    return a - b;
-}
-#else
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-#endif
 
 // Warp-level barrier between the lanes' stores to a warp's shared buffer and other
 // lanes' loads from it. compat.h does not map one yet (HIP 5.2 has no __syncwarp);
@@ -131,11 +68,6 @@ __device__ __forceinline__ void sync_warp()
 #else
 __device__ __forceinline__ void sync_warp() { __syncwarp(); }
 #endif
-
-__device__ __forceinline__ float half_bits_to_float(uint32_t bits)
-{
-    return __half2float(__ushort_as_half((unsigned short)bits));
-}
 
 // Byte B of w (unsigned) as a float, minus BIAS: 2^23 trick (file comment).
 template <int B, int BIAS>
@@ -159,34 +91,7 @@ __device__ __forceinline__ float small_f(uint32_t v)
 
 __device__ __forceinline__ float4 ld_x4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
-// N little-endian words starting at byte `off` (even) of a shared buffer whose base is
-// 16-byte aligned: aligned word loads joined by funnel shifts (off % 4 is 0 or 2).
-// Reads one aligned word past the range (row_buffer_bytes leaves room for it).
-template <int N>
-__device__ __forceinline__ void ld_words_a2(const uint8_t* buf, int off, uint32_t (&out)[N])
-{
-    const uint32_t* q = reinterpret_cast<const uint32_t*>(buf + (off & ~3));
-    const unsigned shift = (unsigned)(off & 3) * 8u;
-    uint32_t prev = q[0];
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        const uint32_t next = q[i + 1];
-        out[i] = __funnelshift_r(prev, next, shift);
-        prev = next;
-    }
-}
-
-__device__ __forceinline__ uint32_t ld_u16(const uint8_t* buf, int off)
-{
-    return *reinterpret_cast<const uint16_t*>(buf + off);
-}
-
 // ------------------------------------------------------------------ tables
-
-// IQ3_XXS grid (256 entries, four magnitudes 4..62 per word, gguf's table via
-// tools/gen_iq_tables.py). Copied to shared memory by every block: lanes look up
-// unrelated entries, which constant memory would serialize.
-static __constant__ uint32_t c_iq3xxs_grid[256] = QG_IQ3XXS_GRID;
 
 // IQ4_NL codebook packed for byte permutes: word i holds kvalues[4i .. 4i+3] + 128 as
 // unsigned bytes (the +128 lets the 2^23 trick convert them; BIAS 128 takes it off).
@@ -239,19 +144,17 @@ static_assert(ksigns_is_parity_completion(), "ksigns[i] == i | parity(i) << 7");
 //   grid    IQ3_XXS only: the grid in shared memory
 //   acc     [R][MT] fp32 accumulators of this lane
 //
-// Besides its job and block geometry (BE elements, BB bytes), a format states what the
-// generic kernel stages for it; FormatDefaults holds the answers of a plain format:
-//   kXsum        stage the sum of x over every 32 elements (Q4_K's "- dmin * m" term)
-//   kGridWords   words of the codebook the jobs read from shared memory (1: none; the
-//                kernel's array keeps one placeholder word)
-//   stage_grid   fills that codebook, block-wide, before the kernel's first barrier
+// A format's facts (block geometry BE, BB; kJobsPerBlock, kJobsPerLane; kXsum and
+// kGridWords, what the generic kernel stages for it) are FormatFacts<FMT> in
+// hip/gguf_kernels.h, where the launcher plans with them; Format<FMT> derives from them
+// and adds the device code: job, and stage_grid, which fills the kGridWords codebook
+// block-wide before the kernel's first barrier (FormatDefaults: a plain format's, nothing).
 
 template <int FMT>
 struct Format;
 
-struct FormatDefaults {
-    static constexpr bool kXsum = false;
-    static constexpr int kGridWords = 1;
+template <int FMT>
+struct FormatDefaults : FormatFacts<FMT> {
     static __device__ __forceinline__ void stage_grid(uint32_t* /*grid*/) {}
 };
 
@@ -259,9 +162,7 @@ struct FormatDefaults {
 //   byte  0..1   d
 //   byte  2..33  q[0..31]          element i = d * q[i]
 template <>
-struct Format<QG_FORMAT_Q8_0> : FormatDefaults {
-    static constexpr int BE = 32, BB = 34, kJobsPerBlock = 1, kJobsPerLane = 1;
-
+struct Format<QG_FORMAT_Q8_0> : FormatDefaults<QG_FORMAT_Q8_0> {
     template <int MT, int R>
     static __device__ __forceinline__ void job(const uint8_t* const (&wb)[R], int off, int /*part*/,
                                                const float* x, int xst, const float*, int, const uint32_t*,
@@ -305,9 +206,7 @@ struct Format<QG_FORMAT_Q8_0> : FormatDefaults {
 // Q4_0: 18 bytes = fp16 d, 16 bytes of nibbles. One job = one block.
 //   byte 2 + j: low nibble = element j, high nibble = element 16 + j;  w = d * (q - 8)
 template <>
-struct Format<QG_FORMAT_Q4_0> : FormatDefaults {
-    static constexpr int BE = 32, BB = 18, kJobsPerBlock = 1, kJobsPerLane = 2;
-
+struct Format<QG_FORMAT_Q4_0> : FormatDefaults<QG_FORMAT_Q4_0> {
     template <int MT, int R>
     static __device__ __forceinline__ void job(const uint8_t* const (&wb)[R], int off, int /*part*/,
                                                const float* x, int xst, const float*, int, const uint32_t*,
@@ -361,10 +260,7 @@ struct Format<QG_FORMAT_Q4_0> : FormatDefaults {
 //     sc[4..7] = (S2 & 0x0F..) | (S0 >> 2 & 0x30..)   m[4..7] = (S2 >> 4 & 0x0F..) | (S1 >> 2 & 0x30..)
 //   (S0, S1, S2 = s[0..3], s[4..7], s[8..11] as little-endian words.)
 template <>
-struct Format<QG_FORMAT_Q4_K> : FormatDefaults {
-    static constexpr int BE = 256, BB = 144, kJobsPerBlock = 4, kJobsPerLane = 1;
-    static constexpr bool kXsum = true;   // xsum: sum of x per sub-block, for dmin * m
-
+struct Format<QG_FORMAT_Q4_K> : FormatDefaults<QG_FORMAT_Q4_K> {
     template <int MT, int R>
     static __device__ __forceinline__ void job(const uint8_t* const (&wb)[R], int off, int part,
                                                const float* x, int xst, const float* xsum, int sst,
@@ -435,9 +331,7 @@ struct Format<QG_FORMAT_Q4_K> : FormatDefaults {
 //   u = 2: r = 64 + 16p + t    q = A >> 4 & 0x0F | H & 0x30      sub-block 8h + 4 + p
 //   u = 3: r = 96 + 16p + t    q = B >> 4 & 0x0F | H >> 2 & 0x30 sub-block 8h + 6 + p
 template <>
-struct Format<QG_FORMAT_Q6_K> : FormatDefaults {
-    static constexpr int BE = 256, BB = 210, kJobsPerBlock = 4, kJobsPerLane = 1;
-
+struct Format<QG_FORMAT_Q6_K> : FormatDefaults<QG_FORMAT_Q6_K> {
     template <int MT, int R>
     static __device__ __forceinline__ void job(const uint8_t* const (&wb)[R], int off, int part,
                                                const float* x, int xst, const float*, int, const uint32_t*,
@@ -507,9 +401,7 @@ struct Format<QG_FORMAT_Q6_K> : FormatDefaults {
 //   low half of word i  -> bytes {32s+4i, 32s+16+4i, 32s+4i+1, 32s+16+4i+1}
 //   high half of word i -> bytes {32s+4i+2, 32s+16+4i+2, 32s+4i+3, 32s+16+4i+3}
 template <>
-struct Format<QG_FORMAT_IQ4_XS> : FormatDefaults {
-    static constexpr int BE = 256, BB = 136, kJobsPerBlock = 4, kJobsPerLane = 1;
-
+struct Format<QG_FORMAT_IQ4_XS> : FormatDefaults<QG_FORMAT_IQ4_XS> {
     // Codebook bytes (+128) for the four nibbles in the low 16 bits of `sel`.
     static __device__ __forceinline__ uint32_t lookup4(uint32_t sel)
     {
@@ -597,10 +489,7 @@ struct Format<QG_FORMAT_IQ4_XS> : FormatDefaults {
 // to bit 0 of each byte: (bits * 0x00204081) & 0x01010101 (bit i lands on bit 8i;
 // the other partial products land on distinct non-multiples of 8, so no carries).
 template <>
-struct Format<QG_FORMAT_IQ3_XXS> : FormatDefaults {
-    static constexpr int BE = 256, BB = 98, kJobsPerBlock = 8, kJobsPerLane = 2;
-    static constexpr int kGridWords = 256;
-
+struct Format<QG_FORMAT_IQ3_XXS> : FormatDefaults<QG_FORMAT_IQ3_XXS> {
     // The grid with every byte | 0x80 (= g + 128, the sign trick above).
     static __device__ __forceinline__ void stage_grid(uint32_t* grid)
     {
@@ -659,76 +548,7 @@ struct Format<QG_FORMAT_IQ3_XXS> : FormatDefaults {
     }
 };
 
-// Every format of the X-macro has its decoder here, with the row's block geometry.
-#define QG_GGUF_CHECK_FORMAT(NAME, BLOCK, ELEMS)                                                           \
-    static_assert(Format<QG_FORMAT_##NAME>::BE == ELEMS && Format<QG_FORMAT_##NAME>::BB == (int)sizeof(BLOCK), \
-                  #NAME ": Format<> block geometry differs from QG_GGUF_FORMATS");
-QG_GGUF_FORMATS(QG_GGUF_CHECK_FORMAT)
-#undef QG_GGUF_CHECK_FORMAT
-
-// Blocks per step: kJobsPerLane jobs for every lane of the warp.
-template <int FMT>
-__host__ __device__ constexpr int step_blocks(int warp_size)
-{
-    return Format<FMT>::kJobsPerLane * warp_size / Format<FMT>::kJobsPerBlock;
-}
-
-// Static shared memory of one thread block (the host's occupancy estimate uses it).
-template <int FMT, int MT, bool ASYNC>
-__host__ __device__ constexpr int static_smem_bytes(int warp_size)
-{
-    return (kThreads / warp_size) * stages(ASYNC) * Tune<MT>::kRows *
-               row_buffer_bytes(step_blocks<FMT>(warp_size) * Format<FMT>::BB) +
-           Format<FMT>::kGridWords * 4 + 16;
-}
-
-// Dynamic shared memory: x[MT][kx] fp32, then (Q4_K) xsum[MT][kx / 32].
-template <int FMT, int MT>
-__host__ __device__ constexpr int dynamic_smem_bytes(int kx)
-{
-    return MT * kx * 4 + (Format<FMT>::kXsum ? MT * (kx / 32) * 4 : 0);
-}
-
 // ------------------------------------------------------------------ kernel
-
-struct DecodeParams {
-    const uint8_t* w;     // N rows; row n at w + n * ldw bytes = K / BE blocks of BB bytes
-    int64_t ldw;          // bytes between rows; w and ldw are multiples of load_bytes
-    const void* x;        // [m_valid, K] x_dtype, row stride ldx elements (this M chunk)
-    int64_t ldx;
-    void* y;              // [m_valid, N] y_dtype, row stride ldy elements (this M chunk)
-    int64_t ldy;
-    float* partial;       // [split_k, MT, N] fp32 partial sums (split_k > 1 only)
-    uint32_t* counters;   // [gridDim.x] arrival counters, zero before and after a launch (split_k > 1)
-    int n;                // N
-    int nb;               // K / BE: blocks per row
-    int m_valid;          // rows of x in this launch, <= MT (rows beyond are staged as 0)
-    int x_dtype;          // qg_dtype: F32, F16, BF16
-    int y_dtype;          // qg_dtype: F32, F16, BF16
-    int load_bytes;       // 16, 8, 4 or 2: global load width for W
-    int split_k;          // == gridDim.y
-    int kxb;              // blocks of K staged per x chunk (>= blocks of a split: one chunk)
-};
-
-__device__ __forceinline__ float load_x(const void* x, int64_t i, int dtype)
-{
-    if (dtype == QG_DTYPE_F32) return static_cast<const float*>(x)[i];
-    const uint32_t bits = static_cast<const uint16_t*>(x)[i];
-    return dtype == QG_DTYPE_BF16 ? __uint_as_float(bits << 16) : half_bits_to_float(bits);
-}
-
-__device__ __forceinline__ void store_y(void* y, int64_t i, float v, int dtype)
-{
-    if (dtype == QG_DTYPE_F32) {
-        static_cast<float*>(y)[i] = v;
-    } else if (dtype == QG_DTYPE_F16) {
-        static_cast<uint16_t*>(y)[i] = __half_as_ushort(__float2half_rn(v));
-    } else {   // bf16, round to nearest even; NaN stays a (quiet) NaN
-        uint32_t u = __float_as_uint(v);
-        u = (u & 0x7FFFFFFFu) > 0x7F800000u ? (u | 0x00400000u) : u + 0x7FFFu + ((u >> 16) & 1u);
-        static_cast<uint16_t*>(y)[i] = (uint16_t)(u >> 16);
-    }
-}
 
 // Stages x[0:MT, kb0*BE : kb1*BE) as fp32 into xs (row stride kx) and, for Q4_K, the
 // sums over each 32 elements into xsum (row stride kx / 32). Block-wide; ends with a
@@ -808,24 +628,7 @@ __device__ __forceinline__ void copy_rows(uint8_t* const (&dst)[R], const uint8_
     }
 }
 
-#if defined(QG_HAS_MMA_SYNC)
-// NVIDIA sm_80+: cp.async (PTX ISA, "Data movement: cp.async") copies 4, 8 or 16 bytes
-// from global to shared memory without staging them in registers, so a warp can have
-// the next step in flight while it decodes the current one (two buffers per row).
-// .cg (16-byte copies only) caches in L2 but not L1: weights are read once.
-#define QG_GGUF_ASYNC_COPY 1
-
-template <int L>
-__device__ __forceinline__ void cp_async(uint8_t* dst, const uint8_t* src)
-{
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if (L == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-    else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(L) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits for all of this thread's copy groups but the newest one.
-__device__ __forceinline__ void cp_async_wait_all_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-
+#if defined(QG_GGUF_ASYNC_COPY)
 // copy_rows with cp.async (L = 16, 8 or 4); the 2-byte tail is copied directly.
 template <int L, int R, int MAXB>
 __device__ __forceinline__ void copy_rows_async(uint8_t* const (&dst)[R], const uint8_t* const (&src)[R], int64_t a0,
@@ -1135,19 +938,27 @@ __global__ void __launch_bounds__(kThreads, Tune<MT>::kMinBlocks) gguf_decode_ke
     if (threadIdx.x == 0) p.counters[tile] = 0;
 }
 
+// The cp.async variant of an M tile: CUDA builds only (kAsyncBuild); a HIP build neither
+// instantiates nor launches it.
+template <int FMT, int MT>
+const void* async_decode_kernel()
+{
+    if constexpr (kAsyncBuild) return reinterpret_cast<const void*>(&gguf_decode_kernel<FMT, MT, true>);
+    return nullptr;
+}
+
+// The instantiations: every format of QG_GGUF_FORMATS x QG_GGUF_DECODE_MTILES x copy path.
+const void* decode_kernel(int format, int mt, bool async)
+{
+#define QG_CASE(FMT, MT)                                                                                  \
+    if (format == FMT && mt == MT)                                                                        \
+        return async ? async_decode_kernel<FMT, MT>() : reinterpret_cast<const void*>(&gguf_decode_kernel<FMT, MT, false>);
+#define QG_FORMAT_CASES(NAME, BLOCK, ELEMS) QG_GGUF_DECODE_MTILES(QG_CASE, QG_FORMAT_##NAME)
+    QG_GGUF_FORMATS(QG_FORMAT_CASES)
+#undef QG_FORMAT_CASES
+#undef QG_CASE
+    return nullptr;
+}
+
 }  // namespace gguf
 }  // namespace qg
-
-// Compiled on its own (the AMD compile check: clang++ -x hip ... hip/gguf.hip), the file
-// instantiates every kernel so that the check covers them; included by the launcher it
-// does not (the launcher instantiates what it launches).
-#if defined(__INCLUDE_LEVEL__) && __INCLUDE_LEVEL__ == 0
-#define QG_GGUF_INSTANTIATE(NAME, BLOCK, BE)                                                                  \
-    template __global__ void qg::gguf::gguf_decode_kernel<QG_FORMAT_##NAME, 1, false>(const qg::gguf::DecodeParams); \
-    template __global__ void qg::gguf::gguf_decode_kernel<QG_FORMAT_##NAME, 2, false>(const qg::gguf::DecodeParams); \
-    template __global__ void qg::gguf::gguf_decode_kernel<QG_FORMAT_##NAME, 4, false>(const qg::gguf::DecodeParams);
-QG_GGUF_FORMATS(QG_GGUF_INSTANTIATE)
-#undef QG_GGUF_INSTANTIATE
-#endif
-
-#endif  // QG_HIP_GGUF_HIP

@@ -32,10 +32,11 @@
 // The workspace (caller memory, zero before a call and zero after it) holds the arrival
 // counters at a fixed place, the prepared x and, with a K split, the partial sums. The
 // last block of each K split to finish zeroes that split's prepared x.
-#ifndef QG_HIP_GGUF_MMA_HIP
-#define QG_HIP_GGUF_MMA_HIP
+#include <stdint.h>
 
-#include "gguf.hip"
+#include "compat.h"
+#include "gguf_device.h"
+#include "gguf_kernels.h"
 
 namespace qg {
 namespace gguf_mma {
@@ -47,39 +48,8 @@ using gguf::load_x;
 using gguf::mul_rn;
 using gguf::store_y;
 
-constexpr int kWarps = 4;             // warps of a thread block (64 rows)
-constexpr int kThreads = 32 * kWarps; // NVIDIA only (mma.sync)
-constexpr int kTileRows = 16;         // rows of W per warp (the mma M)
-constexpr int kCols = 8;              // rows of x per launch (the mma N)
-
-// ------------------------------------------------------------------ prepared x
-// One 32-element slice j of K for the MP rows of x a launch serves (MP = 2, 4 or 8: the
-// rows rounded up, so that small M moves few bytes), Slice<MP>::kBytes at j * kBytes:
-//   xq    [MP][32 bytes]   row m's int8 codes in B-fragment order: lane (g, t) of the mma
-//                          reads 8 bytes at g * 32 + t * 8 = codes of k = 4t..4t+3, then
-//                          k = 16+4t..16+4t+3 (the two b registers)
-//   cinit [2][MP] int32    the mma's C input, -b * sum(xq): [0] over the slice (k32
-//                          formats); q6_K: [0] over k 0..15, [1] over k 16..31
-//   dx    [MP] float       row m's scale (NaN when the slice of x is not finite)
-//   sx    [MP] float       sum of x over the slice (fp32, q4_K's min term)
-// Rows m_valid <= m < MP are zeros.
-template <int MP>
-struct Slice {
-    static constexpr int kXq = 0, kCinit = 32 * MP, kDx = 40 * MP, kSx = 44 * MP, kBytes = 48 * MP;
-};
-
-struct PrepParams {
-    const void* x;     // [m_valid, K] x_dtype, row stride ldx elements
-    int64_t ldx;
-    uint8_t* xp;       // [K / 32][48 * mp]
-    int nslices;       // K / 32
-    int m_valid;       // <= mp
-    int mp;            // 2, 4 or 8
-    int x_dtype;
-    int bias;          // b: 8 (q4_0), 32 (q6_K), 0 otherwise
-    int unit16;        // q6_K: cinit per 16 elements
-};
-
+// ------------------------------------------------------------------ the x prep
+// Prepares the Slice<mp> of x (hip/gguf_kernels.h) for every 32-element slice of K.
 // Grid: ceil(nslices / kWarps) blocks of kThreads; warp w of block i prepares slice
 // i * kWarps + w, lane = element of the slice. xq = rint(x * (1/dx)) clamped to
 // [-127, 127]: the clamp only acts when 1/dx overflows (a slice whose largest |x| is
@@ -239,20 +209,18 @@ __device__ __forceinline__ void slice_k32(const uint8_t* xs, int j, int g, int t
 // block of rows g (buffer rg) and g+8 (r8), the block at byte `off` of the buffers, its
 // first slice j0 among the step's x slices staged at xs.
 //
-// Besides run and its geometry (BE elements, BB bytes, WC blocks per step, kBias the
-// code bias of the x prep), a format states what the generic kernel and the x prep do for
-// it; BlockDefaults holds the answers of a plain format:
-//   kUnit16      the x prep writes cinit per 16 elements (q6_K's k16 mma), not per 32
-//   kGridWords   words of the codebook run reads from shared memory (1: none; the
-//                kernel's array keeps one placeholder word)
-//   stage_grid   fills that codebook, block-wide, before the kernel's first barrier
+// A format's facts (geometry BE, BB; WC blocks per step; kBias the code bias of the x
+// prep; kUnit16 and kGridWords, what the x prep and the generic kernel do for it) are
+// BlockFacts<FMT> in hip/gguf_kernels.h, where the launcher plans with them; Block<FMT>
+// derives from them and adds the device code: run, and stage_grid, which fills the
+// kGridWords codebook block-wide before the kernel's first barrier (BlockDefaults: a
+// plain format's, nothing).
 
 template <int FMT>
 struct Block;
 
-struct BlockDefaults {
-    static constexpr bool kUnit16 = false;
-    static constexpr int kGridWords = 1;
+template <int FMT>
+struct BlockDefaults : BlockFacts<FMT> {
     static __device__ __forceinline__ void stage_grid(uint32_t* /*grid*/) {}
 };
 
@@ -266,8 +234,7 @@ __device__ __forceinline__ float half_at(const uint8_t* buf, int off) { return h
 
 // Q8_0: fp16 d, int8 q[32]: codes are the bytes.
 template <>
-struct Block<QG_FORMAT_Q8_0> : BlockDefaults {
-    static constexpr int BE = 32, BB = 34, WC = 4, kBias = 0;
+struct Block<QG_FORMAT_Q8_0> : BlockDefaults<QG_FORMAT_Q8_0> {
     template <int MP>
     static __device__ __forceinline__ void run(const uint8_t* rg, const uint8_t* r8, int off, int j0, int g, int t,
                                                const uint8_t* xs, float (&acc)[4], const uint32_t*)
@@ -281,8 +248,7 @@ struct Block<QG_FORMAT_Q8_0> : BlockDefaults {
 // Q4_0: fp16 d, qs[16]: byte j low nibble = element j, high = element 16 + j. u8 codes,
 // bias 8 (w = d * (q - 8)).
 template <>
-struct Block<QG_FORMAT_Q4_0> : BlockDefaults {
-    static constexpr int BE = 32, BB = 18, WC = 8, kBias = 8;
+struct Block<QG_FORMAT_Q4_0> : BlockDefaults<QG_FORMAT_Q4_0> {
     template <int MP>
     static __device__ __forceinline__ void run(const uint8_t* rg, const uint8_t* r8, int off, int j0, int g, int t,
                                                const uint8_t* xs, float (&acc)[4], const uint32_t*)
@@ -297,8 +263,7 @@ struct Block<QG_FORMAT_Q4_0> : BlockDefaults {
 // and 2c+1 (high nibbles) of qs bytes 32c .. 32c+31. w = (d*sc) * q - (dmin*m).
 // (Scale unpacking as in gguf.hip's Format<QG_FORMAT_Q4_K>.)
 template <>
-struct Block<QG_FORMAT_Q4_K> : BlockDefaults {
-    static constexpr int BE = 256, BB = 144, WC = 1, kBias = 0;
+struct Block<QG_FORMAT_Q4_K> : BlockDefaults<QG_FORMAT_Q4_K> {
     struct Scales {
         float d, dmin;
         uint32_t sc_lo, sc_hi, m_lo, m_hi;
@@ -354,9 +319,7 @@ struct Block<QG_FORMAT_Q4_K> : BlockDefaults {
 // l = 0..31): q = (ql[64h + 32(u&1) + l] >> 4(u>>1)) & 15 | ((qh[32h + l] >> 2u) & 3) << 4,
 // w = (d * scales[8h + 2u + l/16]) * (q - 32). One k16 mma per 16 elements (own scale).
 template <>
-struct Block<QG_FORMAT_Q6_K> : BlockDefaults {
-    static constexpr int BE = 256, BB = 210, WC = 1, kBias = 32;
-    static constexpr bool kUnit16 = true;   // one scale per 16 elements: a k16 mma each
+struct Block<QG_FORMAT_Q6_K> : BlockDefaults<QG_FORMAT_Q6_K> {
     static __device__ __forceinline__ uint32_t codes(uint32_t ql, uint32_t qh, int u)
     {
         return ((ql >> (4 * (u >> 1))) & 0x0F0F0F0Fu) | (((qh >> (2 * u)) & 0x03030303u) << 4);
@@ -417,8 +380,7 @@ __device__ __forceinline__ uint32_t kvalues4(uint32_t nib)
 // 16s + j low nibble -> element 32s + j, high -> 32s + 16 + j (j < 16);
 // w = (d * (ls - 32)) * kvalues[q], ls = (scales_l >> 4s & 15) | (scales_h >> 2s & 3) << 4.
 template <>
-struct Block<QG_FORMAT_IQ4_XS> : BlockDefaults {
-    static constexpr int BE = 256, BB = 136, WC = 1, kBias = 0;
+struct Block<QG_FORMAT_IQ4_XS> : BlockDefaults<QG_FORMAT_IQ4_XS> {
     template <int MP>
     static __device__ __forceinline__ void run(const uint8_t* rg, const uint8_t* r8, int off, int j0, int g, int t,
                                                const uint8_t* xs, float (&acc)[4], const uint32_t*)
@@ -445,10 +407,7 @@ struct Block<QG_FORMAT_IQ4_XS> : BlockDefaults {
 // 2 + t/2. Signs: the 7 stored bits plus even parity; a byte is negated as
 // (mag ^ 0xFF) + 1, the byte masks spread from 4 bits by (bits * 0x00204081) & 0x01010101.
 template <>
-struct Block<QG_FORMAT_IQ3_XXS> : BlockDefaults {
-    static constexpr int BE = 256, BB = 98, WC = 2, kBias = 0;
-    static constexpr int kGridWords = 256;
-
+struct Block<QG_FORMAT_IQ3_XXS> : BlockDefaults<QG_FORMAT_IQ3_XXS> {
     // The grid as gguf stores it (magnitudes; signed_grid applies the signs).
     static __device__ __forceinline__ void stage_grid(uint32_t* grid)
     {
@@ -481,49 +440,8 @@ struct Block<QG_FORMAT_IQ3_XXS> : BlockDefaults {
     }
 };
 
-// Every format of the X-macro has its decoder here, with the row's block geometry.
-#define QG_GGUF_MMA_CHECK_BLOCK(NAME, BLOCK, ELEMS)                                                      \
-    static_assert(Block<QG_FORMAT_##NAME>::BE == ELEMS && Block<QG_FORMAT_##NAME>::BB == (int)sizeof(BLOCK), \
-                  #NAME ": Block<> geometry differs from QG_GGUF_FORMATS");
-QG_GGUF_FORMATS(QG_GGUF_MMA_CHECK_BLOCK)
-#undef QG_GGUF_MMA_CHECK_BLOCK
-
 // ------------------------------------------------------------------ the GEMM kernel
-
-// Shared-memory bytes of one row's step buffer: WC blocks, up to 14 bytes of lead-in
-// (a step starts at a block boundary, the 16-byte copies at the aligned address before
-// it), one word of over-read for word_at; padded so that the buffer stride is 16 mod 32
-// bytes: rows g = 0..7 at word offsets g * (4 mod 8) and lanes t = 0..3 reading
-// consecutive words hit 32 different banks.
-__host__ __device__ constexpr int units_per_row(int step_bytes) { return (step_bytes + 14 + 15) / 16; }
-__host__ __device__ constexpr int row_stride(int step_bytes) { return (units_per_row(step_bytes) * 16 + 16 + 31) / 32 * 32 + 16; }
-
-// A thread block: kWarps warps, warp w streams rows [16w, 16w + 16) of the block's 64.
-// One ring stage holds every warp's 16 row buffers, then the step's slices of x.
-template <int FMT>
-struct Shape {
-    typedef Block<FMT> B;
-    static constexpr int STEP = B::WC * B::BB;
-    static constexpr int UPR = units_per_row(STEP);
-    static constexpr int ROW = row_stride(STEP);
-    static constexpr int ROWS = kWarps * kTileRows;             // rows of W per block
-    static constexpr int W_STAGE = ROWS * ROW;                  // weight bytes of a stage
-    static constexpr int SLICES = B::WC * B::BE / 32;           // x slices per step
-    static __host__ __device__ constexpr int stage_bytes(int mp) { return W_STAGE + SLICES * 48 * mp; }
-    static __host__ __device__ constexpr int smem_bytes(int mp) { return 2 * stage_bytes(mp); }   // two stages
-};
-
-struct MmaParams {
-    const uint8_t* w;       // N rows of ldw bytes; w and ldw multiples of 16
-    int64_t ldw;
-    uint8_t* xp;            // prepared x [K / 32][48 * MP] (zeroed by the kernel)
-    void* y;                // [m_valid, N] y_dtype, row stride ldy
-    int64_t ldy;
-    float* partial;         // [split_k][MP][N] (split_k > 1)
-    uint32_t* tile_count;   // [gridDim.x] arrival counters (split_k > 1)
-    uint32_t* split_count;  // [split_k] finished blocks per split (prepared-x zeroing)
-    int n, nb, m_valid, y_dtype, split_k;
-};
+// (Shape<FMT>, the block's shared-memory layout, and MmaParams: hip/gguf_kernels.h)
 
 // The warp's share of the copies: lane l copies row l / 2 of the warp's 16, 16-byte units
 // l % 2, l % 2 + 2, ... of each step (two lanes per row: each load instruction reads 32
@@ -676,16 +594,17 @@ __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
     if (threadIdx.x == 0) p.tile_count[blockIdx.x] = 0;
 }
 
+// The instantiations: every format of QG_GGUF_FORMATS x QG_GGUF_MMA_MPS.
+const void* mma_kernel(int format, int mp)
+{
+#define QG_CASE(FMT, MP) \
+    if (format == FMT && mp == MP) return reinterpret_cast<const void*>(&gguf_mma_kernel<FMT, MP>);
+#define QG_FORMAT_CASES(NAME, BLOCK, ELEMS) QG_GGUF_MMA_MPS(QG_CASE, QG_FORMAT_##NAME)
+    QG_GGUF_FORMATS(QG_FORMAT_CASES)
+#undef QG_FORMAT_CASES
+#undef QG_CASE
+    return nullptr;
+}
+
 }  // namespace gguf_mma
 }  // namespace qg
-
-// Compiled on its own (the AMD compile check), the file instantiates every kernel so that
-// the check covers them; included by the launcher it does not.
-#if defined(__INCLUDE_LEVEL__) && __INCLUDE_LEVEL__ == 0
-#define QG_GGUF_MMA_INSTANTIATE(NAME, BLOCK, BE) \
-    template __global__ void qg::gguf_mma::gguf_mma_kernel<QG_FORMAT_##NAME, 2>(const qg::gguf_mma::MmaParams);
-QG_GGUF_FORMATS(QG_GGUF_MMA_INSTANTIATE)
-#undef QG_GGUF_MMA_INSTANTIATE
-#endif
-
-#endif  // QG_HIP_GGUF_MMA_HIP

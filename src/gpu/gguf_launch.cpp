@@ -22,7 +22,7 @@
 #endif
 #include "tier_table.h"
 #include "tiers.h"
-#include "gguf.hip"
+#include "gguf_kernels.h"
 #include "formats/gguf_formats.h"
 #include "launch_util.h"
 
@@ -30,7 +30,7 @@ namespace qg {
 namespace {
 
 using gguf::DecodeParams;
-using gguf::Format;
+using gguf::FormatFacts;
 using gguf::Tune;
 using gguf::kThreads;
 using gguf::kMaxMTile;
@@ -111,7 +111,7 @@ int static_smem(bool async)
 template <int FMT, int MT>
 Plan make_plan(const qg_context* ctx, const qg_gguf_gemm_args* a, int load_bytes)
 {
-    typedef Format<FMT> F;
+    typedef FormatFacts<FMT> F;
     Plan pl = {};
     pl.mt = MT;
     pl.rows_per_warp = Tune<MT>::kRows;
@@ -196,7 +196,7 @@ qg_status ensure_smem_limit(const qg_context* ctx)
 {
     static std::atomic<uint64_t> done_mask{0};
     const int max_dyn = gguf::dynamic_smem_bytes<FMT, MT>(0) + (MT <= 2 ? kXStageBytesSmall : kXStageBytesLarge);
-    return launch_util::raise_smem_limit(ctx, (const void*)gguf::gguf_decode_kernel<FMT, MT, ASYNC>, max_dyn, done_mask,
+    return launch_util::raise_smem_limit(ctx, gguf::decode_kernel(FMT, MT, ASYNC), max_dyn, done_mask,
                                     "gguf decode");
 }
 
@@ -225,16 +225,16 @@ qg_status launch_kernel(const qg_context* ctx, const Plan& pl, hipStream_t strea
                 const qg_status st = ensure_smem_limit<FMT, MT, true>(ctx);
                 if (st != QG_OK) return st;
             }
-            gguf::gguf_decode_kernel<FMT, MT, true><<<grid, kThreads, pl.dyn_smem, stream>>>(p);
-            return gpu_check_launch("gguf decode");
+            return launch_util::launch(gguf::decode_kernel(FMT, MT, true), grid, kThreads, pl.dyn_smem, stream, p,
+                                       "gguf decode");
         }
     }
     if (big) {
         const qg_status st = ensure_smem_limit<FMT, MT, false>(ctx);
         if (st != QG_OK) return st;
     }
-    gguf::gguf_decode_kernel<FMT, MT, false><<<grid, kThreads, pl.dyn_smem, stream>>>(p);
-    return gpu_check_launch("gguf decode");
+    return launch_util::launch(gguf::decode_kernel(FMT, MT, false), grid, kThreads, pl.dyn_smem, stream, p,
+                               "gguf decode");
 }
 
 template <int FMT, int MT>
@@ -277,7 +277,7 @@ struct Variant {
         p.counters = pl.ws_bytes > 0 ? reinterpret_cast<uint32_t*>(ws) : nullptr;
         p.partial = pl.ws_bytes > 0 ? reinterpret_cast<float*>(ws + counter_region_bytes(ctx)) : nullptr;
         p.n = (int)a->n;
-        p.nb = (int)(a->k / Format<FMT>::BE);
+        p.nb = (int)(a->k / FormatFacts<FMT>::BE);
         p.m_valid = (int)(a->m - m0 < MT ? a->m - m0 : MT);
         p.x_dtype = (int)a->x_dtype;
         p.y_dtype = (int)a->y_dtype;

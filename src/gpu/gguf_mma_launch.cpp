@@ -13,7 +13,7 @@
 #endif
 #include "tier_table.h"
 #include "tiers.h"
-#include "gguf_mma.hip"
+#include "gguf_kernels.h"
 #include "formats/gguf_formats.h"
 #include "launch_util.h"
 
@@ -104,7 +104,7 @@ template <int FMT, int MP>
 qg_status ensure_smem_limit(const qg_context* ctx, size_t bytes)
 {
     static std::atomic<uint64_t> done_mask{0};
-    return launch_util::raise_smem_limit(ctx, (const void*)gguf_mma::gguf_mma_kernel<FMT, MP>, (int)bytes, done_mask,
+    return launch_util::raise_smem_limit(ctx, gguf_mma::mma_kernel(FMT, MP), (int)bytes, done_mask,
                                     "gguf decode_mma");
 }
 
@@ -116,8 +116,7 @@ qg_status launch_gemm(const qg_context* ctx, const Plan& pl, hipStream_t stream,
     const qg_status st = ensure_smem_limit<FMT, MP>(ctx, pl.smem);
     if (st != QG_OK) return st;
     const dim3 grid((unsigned)pl.tiles, (unsigned)pl.split, 1);
-    gguf_mma::gguf_mma_kernel<FMT, MP><<<grid, kThreads, pl.smem, stream>>>(p);
-    return gpu_check_launch("gguf decode_mma");
+    return launch_util::launch(gguf_mma::mma_kernel(FMT, MP), grid, kThreads, pl.smem, stream, p, "gguf decode_mma");
 }
 
 
@@ -164,8 +163,9 @@ qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t 
         pp.x_dtype = (int)a->x_dtype;
         pp.bias = S::B::kBias;
         pp.unit16 = S::B::kUnit16;
-        gguf_mma::gguf_mma_prep_kernel<<<(unsigned)ceil_div(nslices, kWarps), kThreads, 0, stream>>>(pp);
-        qg_status st = gpu_check_launch("gguf decode_mma x prep");
+        qg_status st = launch_util::launch(reinterpret_cast<const void*>(&gguf_mma::gguf_mma_prep_kernel),
+                                           dim3((unsigned)ceil_div(nslices, kWarps)), kThreads, 0, stream, pp,
+                                           "gguf decode_mma x prep");
         if (st != QG_OK) return st;
 
         gguf_mma::MmaParams p;

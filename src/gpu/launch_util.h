@@ -45,6 +45,20 @@ inline qg_status raise_smem_limit(const qg_context* ctx, const void* kernel, int
     return QG_OK;
 }
 
+// Launches `kernel` (a lookup function's answer: the address of a kernel's host stub,
+// hip/gguf_kernels.h) with its one parameter struct, and reports as gpu_check_launch does
+// after a <<<>>> launch (whose stub calls hipLaunchKernel too): a failed launch is this
+// thread's last error, named with `what`.
+template <class P>
+qg_status launch(const void* kernel, dim3 grid, int threads, size_t smem, hipStream_t stream, const P& params,
+                 const char* what)
+{
+    if (kernel == nullptr) return set_error(QG_ERR_INTERNAL, "%s: no kernel for this configuration", what);
+    void* args[] = {const_cast<P*>(&params)};
+    (void)hipLaunchKernel(kernel, grid, dim3(threads), args, smem, stream);   // its error: gpu_check_launch's
+    return gpu_check_launch(what);
+}
+
 // Per-kernel facts asked of the runtime once: the dynamic shared-memory limit raised to
 // `smem` on this device, and the resident blocks per SM at `threads` x `smem` (0 when the
 // kernel cannot be resident or the runtime refused). Defined in src/gpu/runtime.cpp.
