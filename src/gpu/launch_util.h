@@ -59,6 +59,44 @@ qg_status launch(const void* kernel, dim3 grid, int threads, size_t smem, hipStr
     return gpu_check_launch(what);
 }
 
+#if defined(QG_HAVE_TENSOR_MAPS)
+// Launches a wgmma tier's kernel(tensor map of x, parameter struct), reporting as launch()
+// does.
+template <class P>
+qg_status launch_with_map(const void* kernel, dim3 grid, int threads, int smem, hipStream_t stream,
+                          const qg_tensor_map& map, const P& params, const char* what)
+{
+    void* args[] = {const_cast<qg_tensor_map*>(&map), const_cast<P*>(&params)};
+    (void)hipLaunchKernel(kernel, grid, dim3(threads), args, smem, stream);   // its error: gpu_check_launch's
+    return gpu_check_launch(what);
+}
+
+// x [rows, k] of 16-bit elements (row stride ld elements) as the 2-D tensor map the wgmma
+// tiers read their B operand through: box [box_rows x 64 k], 128-byte swizzle (the layout
+// of wgmma_desc_k128b, hip/wgmma.h), zeros past rows and k. `what` names the tier in errors.
+inline qg_status encode_x_map(const void* x, int64_t rows, int64_t k, int64_t ld, qg_dtype dtype, int box_rows,
+                              qg_tensor_map* map, const char* what)
+{
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode =
+        reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(qg_driver_entry_point("cuTensorMapEncodeTiled"));
+    if (encode == nullptr)
+        return set_error(QG_ERR_DEVICE, "%s: the driver has no cuTensorMapEncodeTiled (CUDA 12.0+ driver)", what);
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+    const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    const CUresult r =
+        encode(map, dtype == QG_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+               const_cast<void*>(x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return set_error(QG_ERR_DEVICE, "%s: cuTensorMapEncodeTiled failed (%d) for x m=%lld k=%lld ldx=%lld", what,
+                         static_cast<int>(r), static_cast<long long>(rows), static_cast<long long>(k),
+                         static_cast<long long>(ld));
+    return QG_OK;
+}
+#endif
+
 // Per-kernel facts asked of the runtime once: the dynamic shared-memory limit raised to
 // `smem` on this device, and the resident blocks per SM at `threads` x `smem` (0 when the
 // kernel cannot be resident or the runtime refused). Defined in src/gpu/runtime.cpp.
