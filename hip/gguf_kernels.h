@@ -8,6 +8,8 @@
 //   gguf_decode_kernel        hip/gguf.hip       <gpu>:float (gguf_tier 1, every GPU)
 //   gguf_mma_prep_kernel      hip/gguf_mma.hip   <gpu>:int8_mma (gguf_tier 2, NVIDIA sm_80+):
 //   gguf_mma_kernel                                the x prep, then the GEMM
+//   gguf_prefill_kernel       hip/gguf_prefill.hip <gpu>:prefill_wgmma (gguf_tier 3, NVIDIA
+//                                                  sm_90a): bf16 x, wgmma on bf16 tiles
 //
 // The kernels are templates instantiated in their own file; a launcher reaches an
 // instantiation through its file's lookup function (the address of its host stub, for
@@ -316,4 +318,73 @@ struct MmaParams {
 const void* mma_kernel(int format, int mp);
 
 }  // namespace gguf_mma
+namespace gguf_prefill {
+
+// ---------------------------------------------------------------- prefill_wgmma (sm_90a)
+// One block owns 128 weight rows x BN tokens (BN = 128 or 256). Its two warpgroups each own
+// 64 of the rows:
+// a warpgroup copies the raw blocks of its rows (256 elements of K per row at a time, two
+// chunk buffers, 16-byte cp.async, coalesced along each row) into shared memory,
+// dequantizes them 64 k at a time into a bf16 tile (128-byte swizzle, two stages) and runs
+// wgmma m64nBNk16 with both operands in shared memory; x tiles [BN tokens x 64 k] come by
+// TMA into a ring of XStages<BN>, shared by both warpgroups. docs/gguf-prefill.md has the
+// spec.
+constexpr int kThreads = 256;
+constexpr int kRows = 128;       // weight rows per block (2 warpgroups x 64)
+constexpr int kAStages = 2;      // bf16 weight tiles: one being read by wgmma, one being written
+constexpr int kATileBytes = kRows * 64 * 2;  // one [128 rows x 64 k] bf16 tile of A
+constexpr int kChunk = 256;      // elements of K per raw chunk
+
+// The token tiles (the wgmma N) with their x ring depth: what fits 227 KB beside the A tiles
+// and the largest raw chunks (q8_0).
+#define QG_GGUF_PREFILL_BNS(X, FMT) X(FMT, 128) X(FMT, 256)
+template <int BN>
+struct XRing {
+    static constexpr int kStages = BN == 256 ? 3 : 4;
+    static constexpr int kTileBytes = BN * 64 * 2;  // one [BN tokens x 64 k] bf16 tile of x
+};
+
+// The raw chunk of one row: RB bytes (256 elements) starting anywhere 2-byte aligned, copied
+// as the NU 16-byte units that cover it from the one holding its first byte (up to 14
+// bytes before it); SR words of row stride in shared memory: NU units and one more, which
+// the decoders' funnel-shift reads may touch past the last unit (NU + 1 is odd: rows of
+// 16-byte units fall on different bank groups).
+template <int FMT>
+struct ChunkGeo {
+    static constexpr int RB = kChunk / gguf::FormatFacts<FMT>::BE * gguf::FormatFacts<FMT>::BB;
+    static constexpr int NU = (RB + 14 + 15) / 16;
+    static constexpr int SR = 4 * ((NU + 1) | 1);
+    static constexpr int RAW_BYTES = 2 * 2 * 64 * SR * 4;  // 2 warpgroups x 2 chunk buffers
+};
+
+// Shared memory of gguf_prefill_kernel<FMT, BN>: A tiles, x tiles, raw chunks, the codebook
+// (256 words), the mbarriers; + 1024: alignment slack.
+template <int FMT, int BN>
+constexpr int prefill_smem_bytes()
+{
+    return 1024 + kAStages * kATileBytes + XRing<BN>::kStages * XRing<BN>::kTileBytes + ChunkGeo<FMT>::RAW_BYTES +
+           1024 + 2 * XRing<BN>::kStages * 8;
+}
+
+struct PrefillParams {
+    const uint8_t* w;      // N rows of blocks, row stride ldw bytes (even)
+    const uint8_t* w_end;  // one past the last block of row N-1: copies stay in [w, w_end)
+    int64_t ldw;
+    int64_t row_bytes;     // K / BE * BB
+    void* y;               // [M, N], row stride ldy elements, type y_type
+    int64_t ldy;
+    int m, n, k;
+    int k_steps;           // ceil(K / 64)
+    int chunks;            // ceil(K / 256)
+    int y_type;            // ELEM_BF16 or ELEM_F32
+};
+
+// gguf_prefill_kernel<FMT, BN>(tmap_x, params): every format of QG_GGUF_FORMATS x
+// QG_GGUF_PREFILL_BNS; tmap_x: x [M, K] as a 2-D tensor map, box [BN tokens, 64 k],
+// 128-byte swizzle. nullptr for any other combination (and in builds without sm_90a
+// tensor maps).
+const void* prefill_kernel(int format, int bn);
+
+}  // namespace gguf_prefill
+
 }  // namespace qg

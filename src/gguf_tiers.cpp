@@ -4,10 +4,17 @@
 //   cpu              -       CPU contexts (src/cpu/gguf.cpp)
 //   <gpu>:float      1       every GPU: x kept in fp32, SIMT decode (hip/gguf.hip)
 //   <gpu>:int8_mma   2       NVIDIA sm_80+: x quantized to int8 per 32, mma.sync (hip/gguf_mma.hip)
+//   <gpu>:prefill_wgmma 3    NVIDIA sm_90a, bf16 x: weights dequantized to bf16 tiles, wgmma
+//                            (hip/gguf_prefill.hip)
 #include "tier_table.h"
 
 namespace qg {
 namespace {
+
+// Rows of x above which auto takes the prefill tier where it is usable: 8 (the decode
+// tiers' launch width), 32 where the prefill grid is under one wave.
+constexpr int64_t kGgufPrefillMinRows = 8;
+constexpr int64_t kGgufPrefillMinRowsFewBlocks = 32;
 
 bool cpu_usable(const qg_context* ctx, const qg_gguf_gemm_args&, const char** why) {
     return cpu_context_only(ctx, why);
@@ -22,6 +29,7 @@ const Tier<qg_gguf_gemm_args>* const kTiers[] = {
 #if defined(QG_HAVE_GPU)
     &gpu_gguf_float_tier,
     &gpu_gguf_int8_tier,
+    &gpu_gguf_prefill_tier,
 #endif
 };
 
@@ -31,6 +39,19 @@ const Tier<qg_gguf_gemm_args>* choose(const qg_context* ctx, const qg_gguf_gemm_
         return &kCpuTier;
     }
 #if defined(QG_HAVE_GPU)
+    // Above 8 rows the decode tiers launch once per 8 rows of x and read every weight each
+    // time; one prefill launch reads it once per 128 or 256 tokens on wgmma. Where the
+    // prefill grid is under one wave (narrow N, few tokens: 5376 x 21504 has 42 row tiles)
+    // its blocks each stream all of K and the decode launches win up to 32 rows (q4_K
+    // 5376 x 21504 M = 16: 254 us decode, 371 us prefill; M = 32: ~504 vs ~332; bench/NOTES.md,
+    // GGUF prefill).
+    const int64_t prefill_blocks = (a.n + 127) / 128 * ((a.m + 127) / 128);
+    const bool prefill_under_a_wave = prefill_blocks < ctx->sm_count;
+    const bool many_rows = a.m > (prefill_under_a_wave ? kGgufPrefillMinRowsFewBlocks : kGgufPrefillMinRows);
+    if (many_rows && usable(gpu_gguf_prefill_tier, ctx, a)) {
+        *reason = "many rows of bf16 x: bf16 weight tiles on wgmma";
+        return &gpu_gguf_prefill_tier;
+    }
     // Q6_K at m = 1 stays on the float tier: on the H200 it is as fast there (43008 x 5376)
     // or faster (5376 x 21504: 58.6 vs 72.3 us), and exact in x (bench/NOTES.md, g3)
     const bool q6k_single_row = a.format == QG_FORMAT_Q6_K && a.m == 1;
