@@ -19,7 +19,7 @@ import pyquant
 from conftest import registry_formats
 from pyquant import _lib, tiers
 from pyquant import formats as F
-from pyquant.formats import int4_frag, int8_act, reference
+from pyquant.formats import bf16_tile, int4_frag, int8_act, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -339,7 +339,9 @@ def test_gguf_gpu(rng, gpu_ctx, fmt, x_dt, n, poisoned_output, assert_close):
             name = f"{fmt} tier={tier} x={x_dt} y={y_dt} m={m} n={n} k={k}"
             if tier == 1:   # x kept in fp32
                 assert_close(y, ref, gguf_float_bound(k, y_dt), name)
-            else:           # auto (the int8 tier where it runs) and the int8 tier
+            elif tier == 3:  # the prefill tier (bf16 x only): weights rounded to bf16
+                assert_bf16_tile_vs_exact(y, x, w_deq, y_dt, name)
+            else:           # auto (the int8 tier where it runs, m <= 8) and the int8 tier
                 assert_int8_vs_exact(y, x, fmt, raw, ref, y_dt, name)
             if tier == 2:
                 assert_int8_model(y, x, fmt, raw, y_dt, name)
@@ -367,6 +369,14 @@ def assert_int8_vs_exact(y, x, fmt, raw, ref, y_dtype, name):
     worst = np.unravel_index(np.argmax(err - bound), err.shape)
     assert np.all(err <= bound), (f"{name}: at {worst} got {y[worst]!r}, exact {ref[worst]!r}, "
                                   f"bound {bound[worst]:.3g}")
+
+
+def assert_bf16_tile_vs_exact(y, x, w_deq, y_dtype, name):
+    """The prefill tier's rigorous bound (pyquant.formats.bf16_tile), elementwise."""
+    bound = bf16_tile.error_bound(x, w_deq, UNIT_ROUNDOFF[np.dtype(y_dtype)])
+    err = np.abs(np.asarray(y, np.float64) - reference.gemm(x, w_deq))
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert np.all(err <= bound), f"{name}: at {worst} got {y[worst]!r}, bound {bound[worst]:.3g}"
 
 
 def assert_int8_model(y, x, fmt, raw, y_dtype, name):
