@@ -322,13 +322,12 @@ namespace gguf_prefill {
 
 // ---------------------------------------------------------------- prefill_wgmma (sm_90a)
 // One block owns 128 weight rows x BN tokens (BN = 128 or 256). Its two warpgroups each own
-// 64 of the rows:
-// a warpgroup copies the raw blocks of its rows (256 elements of K per row at a time, two
-// chunk buffers, 16-byte cp.async, coalesced along each row) into shared memory,
+// 64 of the rows: a warpgroup copies the raw blocks of its rows (256 elements of K per row at
+// a time, two chunk buffers, 16-byte cp.async, coalesced along each row) into shared memory,
 // dequantizes them 64 k at a time into a bf16 tile (128-byte swizzle, two stages) and runs
-// wgmma m64nBNk16 with both operands in shared memory; x tiles [BN tokens x 64 k] come by
-// TMA into a ring of XStages<BN>, shared by both warpgroups. docs/gguf-prefill.md has the
-// spec.
+// wgmma m64nBNk16 with A fragments loaded from that tile by ldmatrix; x tiles [BN tokens x
+// 64 k] come by TMA into a ring of XRing<BN>::kStages, shared by both warpgroups.
+// docs/gguf-prefill.md has the spec.
 constexpr int kThreads = 256;
 constexpr int kRows = 128;       // weight rows per block (2 warpgroups x 64)
 constexpr int kAStages = 2;      // bf16 weight tiles: one being read by wgmma, one being written

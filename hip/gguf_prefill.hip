@@ -10,11 +10,12 @@
 //   - each thread of the warpgroup dequantizes one 32-element sub-block of one row (thread
 //     u: row u / 2, half u % 2 of the step) from the chunk to bf16, in the gguf package's
 //     float32 operation order, rounded once to bf16, and stores its 64 bytes into the
-//     step's A tile (128-byte swizzle, the layout of wgmma_desc_k128b);
+//     step's A tile (128-byte swizzle);
 //   - thread 0 keeps kXStages x tiles in flight by TMA; a warp releases a tile through an
 //     `empty` mbarrier once its wgmmas reading it have completed;
-//   - four wgmma m64nBNk16 (A and B in shared memory) accumulate in fp32 while the threads
-//     dequantize the next step into the other A stage.
+//   - each warp loads its A fragments from the tile by ldmatrix, and four wgmma m64nBNk16
+//     (A in registers, x in shared memory) accumulate in fp32 while the threads dequantize
+//     the next step into the other A stage.
 // Numerics: each weight is the gguf package's float32 value rounded to bf16 (relative
 // error <= 2^-9), products and sums in the tensor cores' fp32.
 #include <stdint.h>
@@ -345,8 +346,15 @@ gguf_prefill_kernel(const __grid_constant__ qg_tensor_map tmap_x, const PrefillP
     if (p.chunks > 1) stage_chunk<FMT>(my_raw + 64 * G::SR, p, row0, 1, u);
     gguf::cp_async_commit();
     decode_step<FMT>(a_tiles + 64 * 128 * wg, my_raw, p, row0, 0, u, tb);
-    fence_proxy_async_smem();
     named_bar_sync(1 + wg, 128);
+
+    // A fragments come from the tile by ldmatrix (ordinary shared loads: the dequantizing
+    // stores need only the warpgroup's barrier, no proxy fence): lane l reads row
+    // 16 (warp % 4) + l % 16 of the warpgroup's 64, 16-byte chunk 2 j + l / 16 of k16 step j.
+    const int a_row = 16 * (warp & 3) + (lane & 15);
+    int a_off[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a_off[j] = a_row * 128 + 16 * ((2 * j + (lane >> 4)) ^ (a_row & 7));
 
     WgAcc<BN> acc;
 #pragma unroll
@@ -354,21 +362,20 @@ gguf_prefill_kernel(const __grid_constant__ qg_tensor_map tmap_x, const PrefillP
 
     for (int kt = 0; kt < KS; ++kt) {
         const int s = kt % kXStages;
-        mbar_wait(&full[s], (kt / kXStages) & 1);
         const unsigned char* a = a_tiles + (kt % kAStages) * kATileBytes + 64 * 128 * wg;
+        uint32_t af[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ldmatrix_x4(af[j], a + a_off[j]);
+        mbar_wait(&full[s], (kt / kXStages) & 1);
         const unsigned char* x = x_tiles + s * kXTileBytes;
         wgmma_fence_acc(acc);
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            wgmma_m64k16_ss_bf16<BN>(acc, wgmma_desc_k128b(a + 32 * j), wgmma_desc_k128b(x + 32 * j), kt > 0 || j > 0);
+            wgmma_m64k16<ELEM_BF16, BN>(acc, af[j], wgmma_desc_k128b(x + 32 * j), kt > 0 || j > 0);
         wgmma_commit();
-        wgmma_wait<1>();  // step kt - 1's wgmmas are done: its x tile and A stage are free
-        wgmma_fence_acc(acc);
-        if (kt > 0) {
-            if (lane == 0) mbar_arrive(&empty[(kt - 1) % kXStages]);
-            if (tid == 0 && kt - 1 + kXStages < KS) issue(kt - 1 + kXStages);
-        }
+        // while they run: step kt + 1 into the other A stage (its ldmatrix reads of step
+        // kt - 1 are done: the barrier at the end of the last iteration ordered them)
         const int d = kt + 1;
         if (d < KS) {
             if ((d & 3) == 0) {  // a new chunk: wait for its copies, start the next one
@@ -380,12 +387,13 @@ gguf_prefill_kernel(const __grid_constant__ qg_tensor_map tmap_x, const PrefillP
             }
             decode_step<FMT>(a_tiles + (d % kAStages) * kATileBytes + 64 * 128 * wg, my_raw + ((d >> 2) & 1) * 64 * G::SR,
                              p, row0, d, u, tb);
-            fence_proxy_async_smem();
-            named_bar_sync(1 + wg, 128);
         }
+        wgmma_wait<0>();  // step kt's wgmmas are done: its x tile and A registers are free
+        wgmma_fence_acc(acc);
+        if (lane == 0) mbar_arrive(&empty[s]);
+        if (tid == 0 && kt + kXStages < KS) issue(kt + kXStages);
+        named_bar_sync(1 + wg, 128);
     }
-    wgmma_wait<0>();
-    wgmma_fence_acc(acc);
 
     // ---- epilogue: d[4j + i] = row 16 (warp % 4) + g + 8 (i >> 1), token 8 j + 2 t + (i & 1)
     const int g = lane >> 2, t = lane & 3;

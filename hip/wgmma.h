@@ -1,7 +1,6 @@
 // Hopper (sm_90a) wrappers: mbarriers, the bulk tensor copy (TMA) into shared memory, and
-// warpgroup mma (wgmma) with the A operand in registers or in shared memory. Compiled only
-// where QG_HAS_WGMMA is set (hip/compat.h); the tiers using them are gated on the host
-// (sm_90a built, cc 9.0).
+// warpgroup mma (wgmma) with the A operand in registers. Compiled only where QG_HAS_WGMMA
+// is set (hip/compat.h); the tiers using them are gated on the host (sm_90a built, cc 9.0).
 // PTX ISA references: "mbarrier", "cp.async.bulk.tensor", "wgmma.mma_async",
 // "Matrix Descriptor Format" (shared-memory matrix descriptors of wgmma).
 #pragma once
@@ -82,12 +81,6 @@ __device__ __forceinline__ uint64_t wgmma_desc_k128b(const void* tile) {
     return ((a & 0x3ffffull) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (1ull << 62);
 }
 
-// Makes this thread's ordinary shared-memory stores visible to the async proxy (wgmma
-// reading an operand tile that threads wrote); a barrier after it orders the other threads.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -123,9 +116,9 @@ __device__ __forceinline__ void wgmma_m64n128k16(WgAcc<128>& c, const uint32_t (
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"                                                     \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                                  \
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                          \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                  \
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                  \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                 \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                 \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                 \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                \
                  "{%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"                                                     \
                  : QG_WGMMA_OPS8(0), QG_WGMMA_OPS8(8), QG_WGMMA_OPS8(16), QG_WGMMA_OPS8(24), QG_WGMMA_OPS8(32),     \
                    QG_WGMMA_OPS8(40), QG_WGMMA_OPS8(48), QG_WGMMA_OPS8(56)                                          \
@@ -141,7 +134,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(WgAcc<64>& c, const uint32_t (&a
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"                                                     \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                                   \
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                          \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                 \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                \
                  "{%32, %33, %34, %35}, %37, p, 1, 1, 0;\n}\n"                                                     \
                  : QG_WGMMA_OPS8(0), QG_WGMMA_OPS8(8), QG_WGMMA_OPS8(16), QG_WGMMA_OPS8(24)                         \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc))
@@ -149,51 +142,38 @@ __device__ __forceinline__ void wgmma_m64n64k16(WgAcc<64>& c, const uint32_t (&a
     else QG_WGMMA_64("f16");
 #undef QG_WGMMA_64
 }
-// D (+)= A (64 x 16) x B (16 x N), both bf16 and K-major in shared memory (descriptors
-// `da`, `db`: wgmma_desc_k128b of each k16 step); scale_d = 0 overwrites D. N = 128, 256.
-__device__ __forceinline__ void wgmma_m64n256k16_ss_bf16(WgAcc<256>& c, uint64_t da, uint64_t db, int scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-                 "{"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-                 "%128, %129, p, 1, 1, 0, 0;\n}\n"
-                 : QG_WGMMA_OPS8(0), QG_WGMMA_OPS8(8), QG_WGMMA_OPS8(16), QG_WGMMA_OPS8(24), QG_WGMMA_OPS8(32),
-                   QG_WGMMA_OPS8(40), QG_WGMMA_OPS8(48), QG_WGMMA_OPS8(56), QG_WGMMA_OPS8(64), QG_WGMMA_OPS8(72),
-                   QG_WGMMA_OPS8(80), QG_WGMMA_OPS8(88), QG_WGMMA_OPS8(96), QG_WGMMA_OPS8(104), QG_WGMMA_OPS8(112),
-                   QG_WGMMA_OPS8(120)
-                 : "l"(da), "l"(db), "r"(scale_d));
+template <int XT>
+__device__ __forceinline__ void wgmma_m64n256k16(WgAcc<256>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+#define QG_WGMMA_256(TYPE)                                                                                          \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %132, 0;\n"                                                    \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " "                                  \
+                 "{"                                                                                                \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                           \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                 \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                 \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                 \
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                 \
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                 \
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "     \
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, " \
+                 "{%128, %129, %130, %131}, %133, p, 1, 1, 0;\n}\n"                                             \
+                 : QG_WGMMA_OPS8(0), QG_WGMMA_OPS8(8), QG_WGMMA_OPS8(16), QG_WGMMA_OPS8(24), QG_WGMMA_OPS8(32),     \
+                   QG_WGMMA_OPS8(40), QG_WGMMA_OPS8(48), QG_WGMMA_OPS8(56), QG_WGMMA_OPS8(64), QG_WGMMA_OPS8(72),   \
+                   QG_WGMMA_OPS8(80), QG_WGMMA_OPS8(88), QG_WGMMA_OPS8(96), QG_WGMMA_OPS8(104),                     \
+                   QG_WGMMA_OPS8(112), QG_WGMMA_OPS8(120)                                                           \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc))
+    if (XT == ELEM_BF16) QG_WGMMA_256("bf16");
+    else QG_WGMMA_256("f16");
+#undef QG_WGMMA_256
 }
-__device__ __forceinline__ void wgmma_m64n128k16_ss_bf16(WgAcc<128>& c, uint64_t da, uint64_t db, int scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : QG_WGMMA_OPS8(0), QG_WGMMA_OPS8(8), QG_WGMMA_OPS8(16), QG_WGMMA_OPS8(24), QG_WGMMA_OPS8(32),
-                   QG_WGMMA_OPS8(40), QG_WGMMA_OPS8(48), QG_WGMMA_OPS8(56)
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
-template <int N>
-__device__ __forceinline__ void wgmma_m64k16_ss_bf16(WgAcc<N>& c, uint64_t da, uint64_t db, int scale_d) {
-    if constexpr (N == 256) wgmma_m64n256k16_ss_bf16(c, da, db, scale_d);
-    else wgmma_m64n128k16_ss_bf16(c, da, db, scale_d);
-}
-#undef QG_WGMMA_OPS8
 
 template <int XT, int N>
 __device__ __forceinline__ void wgmma_m64k16(WgAcc<N>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
-    if constexpr (N == 128) wgmma_m64n128k16<XT>(c, a, desc, scale_d);
+    if constexpr (N == 256) wgmma_m64n256k16<XT>(c, a, desc, scale_d);
+    else if constexpr (N == 128) wgmma_m64n128k16<XT>(c, a, desc, scale_d);
     else wgmma_m64n64k16<XT>(c, a, desc, scale_d);
 }
+#undef QG_WGMMA_OPS8
 #endif  // QG_HAS_WGMMA
 
 }  // namespace qg
