@@ -162,8 +162,8 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
  *   "gguf_tier"    : 0 auto, 1 float decode (x kept in fp32; portable), 2 int8 decode (x quantized
  *                    to int8 per 32 elements as ggml's q8_1, integer mma; NVIDIA sm_80+, w and
  *                    ldw multiples of 16), 3 prefill (bf16 x only: each weight rounded to
- *                    bf16, wgmma; NVIDIA sm_90a). Auto takes 3 above 8 rows of bf16 x (32
- *                    where its grid is under one wave), else 2 where it can.
+ *                    bf16, wgmma; NVIDIA sm_90a). Auto takes 3 above 8 rows of bf16 x (16
+ *                    where its grid is under one wave, q8_0 excepted), else 2 where it can.
  *                    The numeric tier options apply to GPU contexts; qg_context_set_tier
  *                    names a tier of either backend.
  *   "split_k"      : 0 auto, else the split-K factor forced on decode tiers

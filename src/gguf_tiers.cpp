@@ -12,9 +12,9 @@ namespace qg {
 namespace {
 
 // Rows of x above which auto takes the prefill tier where it is usable: 8 (the decode
-// tiers' launch width), 32 where the prefill grid is under one wave.
+// tiers' launch width), 16 where the prefill grid is under one wave.
 constexpr int64_t kGgufPrefillMinRows = 8;
-constexpr int64_t kGgufPrefillMinRowsFewBlocks = 32;
+constexpr int64_t kGgufPrefillMinRowsFewBlocks = 16;
 
 bool cpu_usable(const qg_context* ctx, const qg_gguf_gemm_args&, const char** why) {
     return cpu_context_only(ctx, why);
@@ -42,11 +42,13 @@ const Tier<qg_gguf_gemm_args>* choose(const qg_context* ctx, const qg_gguf_gemm_
     // Above 8 rows the decode tiers launch once per 8 rows of x and read every weight each
     // time; one prefill launch reads it once per 128 or 256 tokens on wgmma. Where the
     // prefill grid is under one wave (narrow N, few tokens: 5376 x 21504 has 42 row tiles)
-    // its blocks each stream all of K and the decode launches win up to 32 rows (q4_K
-    // 5376 x 21504 M = 16: 254 us decode, 371 us prefill; M = 32: ~504 vs ~332; bench/NOTES.md,
-    // GGUF prefill).
+    // its blocks each stream all of K and the decode launches win up to 16 rows (5376 x 21504
+    // M = 16, decode vs prefill: q4_K 268 vs 288-371 us, iq3_xxs 171 vs 352; at M = 17 the
+    // decode tiers take a third launch: q4_K 334 against ~325, prefill's time for any M up to
+    // 128), except q8_0, whose decode is the slowest (M = 16: 454 vs 334; M = 17: 573 vs ~320;
+    // docs/gguf-prefill.md section 6).
     const int64_t prefill_blocks = (a.n + 127) / 128 * ((a.m + 127) / 128);
-    const bool prefill_under_a_wave = prefill_blocks < ctx->sm_count;
+    const bool prefill_under_a_wave = prefill_blocks < ctx->sm_count && a.format != QG_FORMAT_Q8_0;
     const bool many_rows = a.m > (prefill_under_a_wave ? kGgufPrefillMinRowsFewBlocks : kGgufPrefillMinRows);
     if (many_rows && usable(gpu_gguf_prefill_tier, ctx, a)) {
         *reason = "many rows of bf16 x: bf16 weight tiles on wgmma";

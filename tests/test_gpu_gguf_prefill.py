@@ -112,7 +112,7 @@ def test_gguf_prefill_unpadded_rows(rng, gpu_ctx, fmt):
 
 
 def test_gguf_prefill_auto_above_eight_rows(rng, gpu_ctx):
-    """auto runs the prefill tier for bf16 x above 8 rows where it is usable (above 32 when
+    """auto runs the prefill tier for bf16 x above 8 rows where it is usable (above 16 when
     its grid is under one wave, as here): the result is within its bound and, forced, the
     tier gives the same bits."""
     name = _tier_name()
