@@ -11,11 +11,6 @@
 namespace qg {
 namespace {
 
-// Rows of x above which auto takes the prefill tier where it is usable: 8 (the decode
-// tiers' launch width), 16 where the prefill grid is under one wave.
-constexpr int64_t kGgufPrefillMinRows = 8;
-constexpr int64_t kGgufPrefillMinRowsFewBlocks = 16;
-
 bool cpu_usable(const qg_context* ctx, const qg_gguf_gemm_args&, const char** why) {
     return cpu_context_only(ctx, why);
 }
@@ -32,6 +27,13 @@ const Tier<qg_gguf_gemm_args>* const kTiers[] = {
     &gpu_gguf_prefill_tier,
 #endif
 };
+
+#if defined(QG_HAVE_GPU)
+// Rows of x above which auto takes the prefill tier where it is usable: 8 (the decode
+// tiers' launch width), 16 where the prefill grid is under one wave.
+constexpr int64_t kGgufPrefillMinRows = 8;
+constexpr int64_t kGgufPrefillMinRowsFewBlocks = 16;
+#endif
 
 const Tier<qg_gguf_gemm_args>* choose(const qg_context* ctx, const qg_gguf_gemm_args& a, const char** reason) {
     if (!on_gpu(ctx)) {
