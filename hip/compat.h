@@ -15,6 +15,25 @@
 #define QG_GPU_RUNTIME_NAME "hip"
 #define qg_device_trap() __builtin_trap()
 #define __shfl_sync_all(var, src_lane) __shfl((var), (src_lane))
+constexpr bool kGpuIsCuda = false;
+
+// Warp-level barrier between lanes' shared-memory stores and other lanes' loads (HIP 5.2
+// has no __syncwarp): a wavefront barrier between LDS fences.
+__device__ __forceinline__ void qg_sync_warp() {
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+// a * b and a - b rounded once, never fused into an FMA (HIP's __fmul_rn is a plain
+// product that clang may contract; the pragma forbids it)
+__device__ __forceinline__ float qg_fmul_rn(float a, float b) {
+#pragma clang fp contract(off)
+    return a * b;
+}
+__device__ __forceinline__ float qg_fsub_rn(float a, float b) {
+#pragma clang fp contract(off)
+    return a - b;
+}
 
 #else
 // ------------------------------------------------------------------ CUDA (nvcc)
@@ -23,6 +42,10 @@
 #define QG_GPU_CUDA 1
 #define QG_GPU_RUNTIME_NAME "cuda"
 #define qg_device_trap() __trap()
+constexpr bool kGpuIsCuda = true;
+#define qg_sync_warp() __syncwarp()
+#define qg_fmul_rn(a, b) __fmul_rn((a), (b))   // nvcc never contracts these into an FMA
+#define qg_fsub_rn(a, b) __fsub_rn((a), (b))
 
 // runtime types and constants
 #define hipError_t cudaError_t

@@ -56,29 +56,17 @@ namespace gguf {
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
 // Warp-level barrier between the lanes' stores to a warp's shared buffer and other
-// lanes' loads from it. compat.h does not map one yet (HIP 5.2 has no __syncwarp);
-// a wavefront barrier plus an LDS fence is the AMD equivalent.
-#if defined(QG_GPU_HIP)
-__device__ __forceinline__ void sync_warp()
-{
-    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
-    __builtin_amdgcn_wave_barrier();
-    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
-}
-#else
-__device__ __forceinline__ void sync_warp() { __syncwarp(); }
-#endif
+// lanes' loads from it (hip/compat.h).
+__device__ __forceinline__ void sync_warp() { qg_sync_warp(); }
 
 // Byte B of w (unsigned) as a float, minus BIAS: 2^23 trick (file comment).
 template <int B, int BIAS>
 __device__ __forceinline__ float byte_f(uint32_t w)
 {
-#if defined(QG_GPU_CUDA)
-    // PRMT: result bytes = {w.B, 0, 0, 0x4B}; selector nibbles pick bytes of {w, 0x4B000000}
-    const uint32_t bits = __byte_perm(w, 0x4B000000u, 0x7440u | B);
-#else
-    const uint32_t bits = 0x4B000000u | ((w >> (8 * B)) & 0xFFu);
-#endif
+    // NVIDIA: PRMT, result bytes = {w.B, 0, 0, 0x4B}, selector nibbles picking bytes of
+    // {w, 0x4B000000}; AMD: shift and mask (HIP 5.2's __byte_perm goes through scratch)
+    const uint32_t bits = kGpuIsCuda ? __byte_perm(w, 0x4B000000u, 0x7440u | B)
+                                     : 0x4B000000u | ((w >> (8 * B)) & 0xFFu);
     return __uint_as_float(bits) - (8388608.0f + (float)BIAS);
 }
 
@@ -405,23 +393,23 @@ struct Format<QG_FORMAT_IQ4_XS> : FormatDefaults<QG_FORMAT_IQ4_XS> {
     // Codebook bytes (+128) for the four nibbles in the low 16 bits of `sel`.
     static __device__ __forceinline__ uint32_t lookup4(uint32_t sel)
     {
-#if defined(QG_GPU_CUDA)
-        const uint32_t idx = sel & 0x7777u;                        // entry within a half
-        const uint32_t pick = ((sel & 0x8888u) >> 1) | 0x3210u;   // byte i from lo (i) or hi (4+i)
-        const uint32_t lo = __byte_perm(kKvWord0, kKvWord1, idx);
-        const uint32_t hi = __byte_perm(kKvWord2, kKvWord3, idx);
-        return __byte_perm(lo, hi, pick);
-#else
-        // HIP 5.2's __byte_perm indexes a local array (scratch memory); shifts instead.
-        constexpr uint64_t lo = (uint64_t)kKvWord1 << 32 | kKvWord0, hi = (uint64_t)kKvWord3 << 32 | kKvWord2;
-        uint32_t out = 0;
+        if constexpr (kGpuIsCuda) {
+            const uint32_t idx = sel & 0x7777u;                        // entry within a half
+            const uint32_t pick = ((sel & 0x8888u) >> 1) | 0x3210u;   // byte i from lo (i) or hi (4+i)
+            const uint32_t lo = __byte_perm(kKvWord0, kKvWord1, idx);
+            const uint32_t hi = __byte_perm(kKvWord2, kKvWord3, idx);
+            return __byte_perm(lo, hi, pick);
+        } else {
+            // HIP 5.2's __byte_perm indexes a local array (scratch memory); shifts instead.
+            constexpr uint64_t lo = (uint64_t)kKvWord1 << 32 | kKvWord0, hi = (uint64_t)kKvWord3 << 32 | kKvWord2;
+            uint32_t out = 0;
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {
-            const uint32_t i = (sel >> (4 * b)) & 0xFu;
-            out |= (uint32_t)(((i & 8u) ? hi : lo) >> (8u * (i & 7u)) & 0xFFu) << (8 * b);
+            for (int b = 0; b < 4; ++b) {
+                const uint32_t i = (sel >> (4 * b)) & 0xFu;
+                out |= (uint32_t)(((i & 8u) ? hi : lo) >> (8u * (i & 7u)) & 0xFFu) << (8 * b);
+            }
+            return out;
         }
-        return out;
-#endif
     }
 
     template <int MT, int R>

@@ -14,23 +14,9 @@ namespace qg {
 namespace gguf {
 
 // Products and differences that must round exactly as the gguf package's float32
-// numpy code does: never fused into an FMA. nvcc never contracts __fmul_rn; HIP's
-// __fmul_rn is a plain `x * y` that clang may contract, hence the pragma there.
-#if defined(QG_GPU_HIP)
-__device__ __forceinline__ float mul_rn(float a, float b)
-{
-#pragma clang fp contract(off)
-    return a * b;
-}
-__device__ __forceinline__ float sub_rn(float a, float b)
-{
-#pragma clang fp contract(off)
-    return a - b;
-}
-#else
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-#endif
+// numpy code does: never fused into an FMA (hip/compat.h's qg_fmul_rn, qg_fsub_rn).
+__device__ __forceinline__ float mul_rn(float a, float b) { return qg_fmul_rn(a, b); }
+__device__ __forceinline__ float sub_rn(float a, float b) { return qg_fsub_rn(a, b); }
 
 __device__ __forceinline__ float half_bits_to_float(uint32_t bits)
 {

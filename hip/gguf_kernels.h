@@ -55,20 +55,12 @@ struct Tune {
     // SM caps registers at 80 per thread at MT = 1; 2 blocks (128 registers) above. HIP
     // reads the second argument as waves per SIMD; AMD is unmeasured, so no floor there
     // (the compiler takes the registers it needs rather than spill).
-#if defined(QG_GPU_HIP)
-    static constexpr int kMinBlocks = 1;
-#else
-    static constexpr int kMinBlocks = MT == 1 ? 3 : 2;
-#endif
+    static constexpr int kMinBlocks = !kGpuIsCuda ? 1 : MT == 1 ? 3 : 2;
 };
 
 // The cp.async kernel (ASYNC = true: double-buffered rows, NVIDIA sm_80+) exists in CUDA
 // builds; HIP builds have only the synchronous one.
-#if defined(QG_GPU_CUDA)
-constexpr bool kAsyncBuild = true;
-#else
-constexpr bool kAsyncBuild = false;
-#endif
+constexpr bool kAsyncBuild = kGpuIsCuda;
 
 // Row-buffer sets per warp: two for the asynchronous (cp.async, double-buffered)
 // kernel, one for the synchronous one.

@@ -89,13 +89,7 @@ size_t counter_region_bytes(const qg_context* ctx)
     return align16(slots * 4);
 }
 
-// The cp.async kernel exists in CUDA builds (sm_80+ devices); HIP builds have only the
-// synchronous one.
-#if defined(QG_GPU_CUDA)
-constexpr bool kAsyncBuild = true;
-#else
-constexpr bool kAsyncBuild = false;
-#endif
+using gguf::kAsyncBuild;  // the cp.async kernel: CUDA builds (sm_80+ devices) only
 
 bool async_capable(const qg_context* ctx) { return kAsyncBuild && ctx->cc_major >= 8; }
 

@@ -193,7 +193,10 @@ qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t 
 bool int8_usable(const qg_context* ctx, const qg_gguf_gemm_args& a, const char** why)
 {
     if (!gpu_context_only(ctx, why)) return false;
-#if defined(QG_GPU_CUDA)
+    if (!kGpuIsCuda) {
+        *why = "the int8 mma tier exists for NVIDIA GPUs only (mma.sync)";
+        return false;
+    }
     if (ctx->cc_major < 8) {
         *why = "the int8 mma.sync tier needs an sm_80 or newer GPU";
         return false;
@@ -208,11 +211,6 @@ bool int8_usable(const qg_context* ctx, const qg_gguf_gemm_args& a, const char**
         return false;
     }
     return true;
-#else
-    (void)a;
-    *why = "the int8 mma tier exists for NVIDIA GPUs only (mma.sync)";
-    return false;
-#endif
 }
 
 size_t int8_workspace(const qg_context* ctx, const qg_gguf_gemm_args& a)

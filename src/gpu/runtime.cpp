@@ -174,10 +174,7 @@ qg_status gpu_check_launch(const char* what) {
 // The published per-SM shared-memory capacity by compute capability (CUDA programming
 // guide, "Compute capabilities"); 64 KB LDS per CU / WGP on AMD.
 int gpu_smem_per_sm(const qg_context* ctx) {
-#if defined(QG_GPU_HIP)
-    (void)ctx;
-    return 64 * 1024;
-#else
+    if (!kGpuIsCuda) return 64 * 1024;
     const int cc = ctx->cc_major * 10 + ctx->cc_minor;
     if (cc >= 120) return 100 * 1024;              // sm_120 (consumer Blackwell)
     if (cc >= 90) return 228 * 1024;               // sm_90 (H100, H200), sm_100
@@ -185,7 +182,6 @@ int gpu_smem_per_sm(const qg_context* ctx) {
     if (cc >= 86) return 100 * 1024;               // sm_86, sm_89
     if (cc == 75) return 64 * 1024;
     return 96 * 1024;                              // sm_70
-#endif
 }
 
 }  // namespace qg

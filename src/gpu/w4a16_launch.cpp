@@ -27,13 +27,12 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 bool is_frag(const Args& a) { return a.layout == QG_W4A16_LAYOUT_FRAG; }
 
 bool mma_sync_device(const qg_context* ctx, const char** why) {
-#if defined(QG_GPU_CUDA)
+    if (!kGpuIsCuda) {
+        *why = "needs NVIDIA mma.sync (no AMD matrix tier yet)";
+        return false;
+    }
     if (ctx->cc_major >= 8) return true;
     *why = "needs mma.sync (NVIDIA compute capability 8.0+)";
-#else
-    (void)ctx;
-    *why = "needs NVIDIA mma.sync (no AMD matrix tier yet)";
-#endif
     return false;
 }
 
