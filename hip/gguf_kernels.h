@@ -73,7 +73,7 @@ __host__ __device__ constexpr int row_buffer_bytes(int step_bytes) { return (ste
 
 // What the launcher plans with of a format's decoder; hip/gguf.hip's Format<FMT> derives
 // from it and adds the device code (its comment has the job table):
-//   BE, BB          elements and bytes of a block (the X-macro row's: checked below)
+//   BE, BB          elements and bytes of a block (Geometry<FMT>: the X-macro row's)
 //   kJobsPerBlock   jobs of a block (a job: a lane's unit of work, whole sub-blocks)
 //   kJobsPerLane    jobs of each lane per step: a step is kJobsPerLane * warp / kJobsPerBlock blocks
 // and what the generic kernel stages for the format; PlainFormatFacts holds the answers
@@ -81,46 +81,58 @@ __host__ __device__ constexpr int row_buffer_bytes(int step_bytes) { return (ste
 //   kXsum           stage the sum of x over every 32 elements (Q4_K's "- dmin * m" term)
 //   kGridWords      words of the codebook the jobs read from shared memory (1: none; the
 //                   kernel's array keeps one placeholder word)
+// Block geometry of every format, from its X-macro row (src/formats/blocks.h): BE elements
+// and BB bytes (sizeof the block struct) per block.
+template <int FMT>
+struct Geometry;
+#define QG_GGUF_GEOMETRY(NAME, BLOCK, ELEMS)                 \
+    template <>                                               \
+    struct Geometry<QG_FORMAT_##NAME> {                       \
+        static constexpr int BE = ELEMS;                      \
+        static constexpr int BB = static_cast<int>(sizeof(BLOCK)); \
+    };
+QG_GGUF_FORMATS(QG_GGUF_GEOMETRY)
+#undef QG_GGUF_GEOMETRY
+
 template <int FMT>
 struct FormatFacts;
 
-struct PlainFormatFacts {
+template <int FMT>
+struct PlainFormatFacts : Geometry<FMT> {
     static constexpr bool kXsum = false;
     static constexpr int kGridWords = 1;
 };
 
 template <>
-struct FormatFacts<QG_FORMAT_Q8_0> : PlainFormatFacts {
-    static constexpr int BE = 32, BB = 34, kJobsPerBlock = 1, kJobsPerLane = 1;
+struct FormatFacts<QG_FORMAT_Q8_0> : PlainFormatFacts<QG_FORMAT_Q8_0> {
+    static constexpr int kJobsPerBlock = 1, kJobsPerLane = 1;
 };
 template <>
-struct FormatFacts<QG_FORMAT_Q4_0> : PlainFormatFacts {
-    static constexpr int BE = 32, BB = 18, kJobsPerBlock = 1, kJobsPerLane = 2;
+struct FormatFacts<QG_FORMAT_Q4_0> : PlainFormatFacts<QG_FORMAT_Q4_0> {
+    static constexpr int kJobsPerBlock = 1, kJobsPerLane = 2;
 };
 template <>
-struct FormatFacts<QG_FORMAT_Q4_K> : PlainFormatFacts {
-    static constexpr int BE = 256, BB = 144, kJobsPerBlock = 4, kJobsPerLane = 1;
+struct FormatFacts<QG_FORMAT_Q4_K> : PlainFormatFacts<QG_FORMAT_Q4_K> {
+    static constexpr int kJobsPerBlock = 4, kJobsPerLane = 1;
     static constexpr bool kXsum = true;   // xsum: sum of x per sub-block, for dmin * m
 };
 template <>
-struct FormatFacts<QG_FORMAT_Q6_K> : PlainFormatFacts {
-    static constexpr int BE = 256, BB = 210, kJobsPerBlock = 4, kJobsPerLane = 1;
+struct FormatFacts<QG_FORMAT_Q6_K> : PlainFormatFacts<QG_FORMAT_Q6_K> {
+    static constexpr int kJobsPerBlock = 4, kJobsPerLane = 1;
 };
 template <>
-struct FormatFacts<QG_FORMAT_IQ4_XS> : PlainFormatFacts {
-    static constexpr int BE = 256, BB = 136, kJobsPerBlock = 4, kJobsPerLane = 1;
+struct FormatFacts<QG_FORMAT_IQ4_XS> : PlainFormatFacts<QG_FORMAT_IQ4_XS> {
+    static constexpr int kJobsPerBlock = 4, kJobsPerLane = 1;
 };
 template <>
-struct FormatFacts<QG_FORMAT_IQ3_XXS> : PlainFormatFacts {
-    static constexpr int BE = 256, BB = 98, kJobsPerBlock = 8, kJobsPerLane = 2;
+struct FormatFacts<QG_FORMAT_IQ3_XXS> : PlainFormatFacts<QG_FORMAT_IQ3_XXS> {
+    static constexpr int kJobsPerBlock = 8, kJobsPerLane = 2;
     static constexpr int kGridWords = 256;   // the grid, staged in shared memory
 };
 
-// Every format of the X-macro has its facts here, with the row's block geometry.
+// Every format of the X-macro has its facts here (a missing one stops the build at its row).
 #define QG_GGUF_CHECK_FORMAT(NAME, BLOCK, ELEMS)                                                     \
-    static_assert(FormatFacts<QG_FORMAT_##NAME>::BE == ELEMS &&                                      \
-                      FormatFacts<QG_FORMAT_##NAME>::BB == (int)sizeof(BLOCK),                       \
-                  #NAME ": FormatFacts<> block geometry differs from QG_GGUF_FORMATS");
+    static_assert(sizeof(FormatFacts<QG_FORMAT_##NAME>) > 0, #NAME ": no FormatFacts<> in hip/gguf_kernels.h");
 QG_GGUF_FORMATS(QG_GGUF_CHECK_FORMAT)
 #undef QG_GGUF_CHECK_FORMAT
 
@@ -219,7 +231,7 @@ __global__ void gguf_mma_prep_kernel(const PrepParams p);
 
 // What the launcher plans with of a format's decoder; hip/gguf_mma.hip's Block<FMT>
 // derives from it and adds the device code:
-//   BE, BB       elements and bytes of a block (the X-macro row's: checked below)
+//   BE, BB       elements and bytes of a block (Geometry<FMT>: the X-macro row's)
 //   WC           blocks per step
 //   kBias        code bias b of the x prep (w = scale * (code - b))
 // and what the generic kernel and the x prep do for the format; PlainBlockFacts holds
@@ -230,43 +242,42 @@ __global__ void gguf_mma_prep_kernel(const PrepParams p);
 template <int FMT>
 struct BlockFacts;
 
-struct PlainBlockFacts {
+template <int FMT>
+struct PlainBlockFacts : gguf::Geometry<FMT> {
     static constexpr bool kUnit16 = false;
     static constexpr int kGridWords = 1;
 };
 
 template <>
-struct BlockFacts<QG_FORMAT_Q8_0> : PlainBlockFacts {
-    static constexpr int BE = 32, BB = 34, WC = 4, kBias = 0;
+struct BlockFacts<QG_FORMAT_Q8_0> : PlainBlockFacts<QG_FORMAT_Q8_0> {
+    static constexpr int WC = 4, kBias = 0;
 };
 template <>
-struct BlockFacts<QG_FORMAT_Q4_0> : PlainBlockFacts {
-    static constexpr int BE = 32, BB = 18, WC = 8, kBias = 8;
+struct BlockFacts<QG_FORMAT_Q4_0> : PlainBlockFacts<QG_FORMAT_Q4_0> {
+    static constexpr int WC = 8, kBias = 8;
 };
 template <>
-struct BlockFacts<QG_FORMAT_Q4_K> : PlainBlockFacts {
-    static constexpr int BE = 256, BB = 144, WC = 1, kBias = 0;
+struct BlockFacts<QG_FORMAT_Q4_K> : PlainBlockFacts<QG_FORMAT_Q4_K> {
+    static constexpr int WC = 1, kBias = 0;
 };
 template <>
-struct BlockFacts<QG_FORMAT_Q6_K> : PlainBlockFacts {
-    static constexpr int BE = 256, BB = 210, WC = 1, kBias = 32;
+struct BlockFacts<QG_FORMAT_Q6_K> : PlainBlockFacts<QG_FORMAT_Q6_K> {
+    static constexpr int WC = 1, kBias = 32;
     static constexpr bool kUnit16 = true;   // one scale per 16 elements: a k16 mma each
 };
 template <>
-struct BlockFacts<QG_FORMAT_IQ4_XS> : PlainBlockFacts {
-    static constexpr int BE = 256, BB = 136, WC = 1, kBias = 0;
+struct BlockFacts<QG_FORMAT_IQ4_XS> : PlainBlockFacts<QG_FORMAT_IQ4_XS> {
+    static constexpr int WC = 1, kBias = 0;
 };
 template <>
-struct BlockFacts<QG_FORMAT_IQ3_XXS> : PlainBlockFacts {
-    static constexpr int BE = 256, BB = 98, WC = 2, kBias = 0;
+struct BlockFacts<QG_FORMAT_IQ3_XXS> : PlainBlockFacts<QG_FORMAT_IQ3_XXS> {
+    static constexpr int WC = 2, kBias = 0;
     static constexpr int kGridWords = 256;   // the grid, staged in shared memory
 };
 
-// Every format of the X-macro has its facts here, with the row's block geometry.
+// Every format of the X-macro has its facts here (a missing one stops the build at its row).
 #define QG_GGUF_MMA_CHECK_BLOCK(NAME, BLOCK, ELEMS)                                                  \
-    static_assert(BlockFacts<QG_FORMAT_##NAME>::BE == ELEMS &&                                       \
-                      BlockFacts<QG_FORMAT_##NAME>::BB == (int)sizeof(BLOCK),                        \
-                  #NAME ": BlockFacts<> geometry differs from QG_GGUF_FORMATS");
+    static_assert(sizeof(BlockFacts<QG_FORMAT_##NAME>) > 0, #NAME ": no BlockFacts<> in hip/gguf_kernels.h");
 QG_GGUF_FORMATS(QG_GGUF_MMA_CHECK_BLOCK)
 #undef QG_GGUF_MMA_CHECK_BLOCK
 
@@ -342,7 +353,7 @@ struct XRing {
 // 16-byte units fall on different bank groups).
 template <int FMT>
 struct ChunkGeo {
-    static constexpr int RB = kChunk / gguf::FormatFacts<FMT>::BE * gguf::FormatFacts<FMT>::BB;
+    static constexpr int RB = kChunk / gguf::Geometry<FMT>::BE * gguf::Geometry<FMT>::BB;
     static constexpr int NU = (RB + 14 + 15) / 16;
     static constexpr int SR = 4 * ((NU + 1) | 1);
     static constexpr int RAW_BYTES = 2 * 2 * 64 * SR * 4;  // 2 warpgroups x 2 chunk buffers
