@@ -92,14 +92,10 @@ size_t counters_bytes(int64_t groups) {
     return (static_cast<size_t>(groups) * sizeof(unsigned) + kCounterAlign - 1) / kCounterAlign * kCounterAlign;
 }
 
-// ================================================================ simt (portable, both layouts)
-
-bool simt_usable(const qg_context* ctx, const Args& a, const char** why) {
-    return gpu_context_only(ctx, why) && fits_int32(a, why);
-}
-
-qg_status simt_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
-    SimtParams p{};
+// The fields every W4A16 kernel's parameters share (SimtParams, Params): the weight, its
+// shape and strides, group size, scale and output element types.
+template <class P>
+void set_weight_fields(P& p, const Args& a) {
     p.qweight = a.qweight;
     p.scales = static_cast<const uint16_t*>(a.scales);
     p.qzeros = a.qzeros;
@@ -108,9 +104,20 @@ qg_status simt_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
     p.ldx = a.ldx;
     p.ldy = a.ldy;
     p.group_size = a.group_size;
-    p.x_type = elem_type(a.x_dtype);
     p.scale_type = elem_type(a.scale_dtype);
     p.y_type = elem_type(a.y_dtype);
+}
+
+// ================================================================ simt (portable, both layouts)
+
+bool simt_usable(const qg_context* ctx, const Args& a, const char** why) {
+    return gpu_context_only(ctx, why) && fits_int32(a, why);
+}
+
+qg_status simt_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
+    SimtParams p{};
+    set_weight_fields(p, a);
+    p.x_type = elem_type(a.x_dtype);
     p.frag = is_frag(a) ? 1 : 0;
     const int warps = SIMT_THREADS / QG_WARP_SIZE;
     const unsigned blocks = static_cast<unsigned>(ceil_div(a.n, warps));
@@ -187,16 +194,7 @@ qg_status decode_mma_launch(const qg_context* ctx, const Args& a, qg_stream stre
                  static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k), a.group_size,
                  plan.mt, plan.blocks, plan.max_contributors, a.m > kDecodeRows ? " (one launch per 16 rows)" : "");
     Params p{};
-    p.qweight = a.qweight;
-    p.scales = static_cast<const uint16_t*>(a.scales);
-    p.qzeros = a.qzeros;
-    p.n = static_cast<int>(a.n);
-    p.k = static_cast<int>(a.k);
-    p.ldx = a.ldx;
-    p.ldy = a.ldy;
-    p.group_size = a.group_size;
-    p.scale_type = elem_type(a.scale_dtype);
-    p.y_type = elem_type(a.y_dtype);
+    set_weight_fields(p, a);
     p.row_blocks = plan.row_blocks;
     p.max_contributors = plan.max_contributors;
     if (plan.max_contributors > 1) {
