@@ -209,6 +209,16 @@ def _assert_close(y, ref, bound: float, name: str) -> float:
     return err
 
 
+def call(fn, *args):
+    """(status, message) of a qg_* call; pyquant._lib raises on a non-QG_OK status."""
+    from pyquant import _lib
+    try:
+        fn(*args)
+        return 0, ""
+    except _lib.QuantGemmError as e:
+        return int(e.status), e.message
+
+
 def log_margin(name: str, err: float, bound: float) -> None:
     """With PYQUANT_TEST_MARGIN_LOG=path, append 'test<TAB>check<TAB>err/bound' for every
     passing comparison: run the suite over many seeds and a ratio near 1 names a bound that

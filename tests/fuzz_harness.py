@@ -66,7 +66,7 @@ pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from conftest import FP32_EXACT, log_margin  # noqa: E402
+from conftest import FP32_EXACT, call, log_margin  # noqa: E402
 from raw_gpu import RawGpu  # noqa: E402
 from pyquant import _lib as L  # noqa: E402
 
@@ -277,15 +277,6 @@ def fuzz_worker():
 
 
 # ---------------------------------------------------------------- calls
-
-def call(fn, *args):
-    """(status, message) of a qg_* call; pyquant._lib raises on a non-QG_OK status."""
-    try:
-        fn(*args)
-        return 0, ""
-    except L.QuantGemmError as e:
-        return int(e.status), e.message
-
 
 def names_field(msg: str, fields) -> bool:
     return any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(f)}(?![A-Za-z0-9_])", msg) for f in fields)

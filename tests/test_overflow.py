@@ -31,7 +31,7 @@ import pytest
 
 from isolation import run_isolated
 from raw_gpu import RawGpu
-from conftest import FP32_EXACT
+from conftest import FP32_EXACT, call
 from pyquant import _lib as L
 from pyquant.formats import FORMATS, int4, int8_act, mxfp4, reference
 
@@ -48,16 +48,6 @@ REL_BOUND = {F32: 3e-5, F16: 1e-3, BF16: 8e-3}
 
 
 # ---------------------------------------------------------------- isolation
-
-
-
-def call(fn, *args):
-    try:
-        fn(*args)
-        return 0, ""
-    except L.QuantGemmError as e:
-        return int(e.status), e.message
-
 
 def cpu_ctx():
     ctx = L.qg_context_p()
