@@ -209,6 +209,14 @@ def _assert_close(y, ref, bound: float, name: str) -> float:
     return err
 
 
+def assert_elementwise(y, want, bound, name: str, what: str = "exact") -> None:
+    """|y - want| <= bound elementwise (float64), naming the worst element against its bound."""
+    err = np.abs(np.asarray(y, np.float64) - want)
+    worst = tuple(int(v) for v in np.unravel_index(np.argmax(err - bound), err.shape))
+    assert np.all(err <= bound), (f"{name}: at {worst} got {y[worst]!r}, {what} {want[worst]!r}, "
+                                  f"bound {bound[worst]:.3g}")
+
+
 def call(fn, *args):
     """(status, message) of a qg_* call; pyquant._lib raises on a non-QG_OK status."""
     from pyquant import _lib

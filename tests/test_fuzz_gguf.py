@@ -13,6 +13,7 @@ pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from conftest import assert_elementwise  # noqa: E402
 from fuzz_harness import (  # noqa: E402
     ALIGNED, BF16, CPU_ENV, Expect, F32, FLOAT_DTYPES, FUZZ_SETTINGS, GpuEnv, HUGE, I32, LD_PAD, M_VALUES,
     NOT_ENUM, N_MUTATIONS, REQUIRES_LIBRARY, SIZE_FIELDS, U32, U4X8, U8, UNIT_ROUNDOFF,
@@ -157,10 +158,7 @@ def gguf_case(s, env=CPU_ENV):
                      + 4 * k * U32 * reference.gemm(np.abs(x_dense), np.abs(w)))
             if xdt == BF16 and am > 8:
                 bound = np.maximum(bound, bf16_tile.error_bound(xq, w, 2 * UNIT_ROUNDOFF[ydt]))
-            err = np.abs(y.astype(np.float64) - ref)
-            i = np.unravel_index(np.argmax(err - bound), err.shape)
-            assert np.all(err <= bound), (f"y ({fs.name}, GPU): at {tuple(int(v) for v in i)} got {y[i]!r}, "
-                                          f"reference {ref[i]!r}, bound {bound[i]:.3g}")
+            assert_elementwise(y, ref, bound, f"y ({fs.name}, GPU)", what="reference")
             return
         assert_close(f"y ({fs.name})", y, ref, ydt, reference.gemm(np.abs(x_dense), np.abs(w)), k)
     return drive("qg_gguf_gemm", lambda: call(L.qg_gguf_gemm, ctx, pa, None), exp, mem, verify)

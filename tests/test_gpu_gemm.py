@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pyquant
-from conftest import registry_formats
+from conftest import assert_elementwise, registry_formats
 from pyquant import _lib, tiers
 from pyquant import formats as F
 from pyquant.formats import bf16_tile, int4_frag, int8_act, reference
@@ -365,27 +365,19 @@ def assert_int8_vs_exact(y, x, fmt, raw, ref, y_dtype, name):
     normwise bound does not fit small N: one output can cancel to far below its terms."""
     model, mag = int8_act.gemm_model(x, fmt, raw)
     bound = int8_act.exact_error_bound(x, fmt, raw) + int8_model_bound(fmt, x.shape[1], mag, model, y_dtype)
-    err = np.abs(np.asarray(y, np.float64) - ref)
-    worst = np.unravel_index(np.argmax(err - bound), err.shape)
-    assert np.all(err <= bound), (f"{name}: at {worst} got {y[worst]!r}, exact {ref[worst]!r}, "
-                                  f"bound {bound[worst]:.3g}")
+    assert_elementwise(y, ref, bound, name)
 
 
 def assert_bf16_tile_vs_exact(y, x, w_deq, y_dtype, name):
     """The prefill tier's rigorous bound (pyquant.formats.bf16_tile), elementwise."""
     bound = bf16_tile.error_bound(x, w_deq, UNIT_ROUNDOFF[np.dtype(y_dtype)])
-    err = np.abs(np.asarray(y, np.float64) - reference.gemm(x, w_deq))
-    worst = np.unravel_index(np.argmax(err - bound), err.shape)
-    assert np.all(err <= bound), f"{name}: at {worst} got {y[worst]!r}, bound {bound[worst]:.3g}"
+    assert_elementwise(y, reference.gemm(x, w_deq), bound, name)
 
 
 def assert_int8_model(y, x, fmt, raw, y_dtype, name):
     model, mag = int8_act.gemm_model(x, fmt, raw)
-    err = np.abs(np.asarray(y, np.float64) - model)
     bound = int8_model_bound(fmt, x.shape[1], mag, model, y_dtype)
-    worst = np.unravel_index(np.argmax(err - bound), err.shape)
-    assert np.all(err <= bound), (f"{name}: int8 tier differs from its model at {worst}: got {y[worst]!r}, "
-                                  f"model {model[worst]!r}, bound {bound[worst]:.3g}")
+    assert_elementwise(y, model, bound, f"{name}: int8 tier against its model", what="model")
 
 
 @pytest.mark.parametrize("fmt", GGUF_FORMATS)
