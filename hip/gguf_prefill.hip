@@ -3,7 +3,8 @@
 // y[M, N] = x[M, K] @ W^T for any M, W in any GGUF format of QG_GGUF_FORMATS. Block (token
 // tile bx, row tile by): 128 weight rows x BN tokens (128 or 256), 2 warpgroups,
 // warpgroup h owning rows 64 h .. 64 h + 63 of the tile (the M side of its wgmma
-// m64nBNk16), both sharing the block's x tiles (the N side). docs/gguf-prefill.md is the spec; per 64-k step:
+// m64nBNk16), both sharing the block's x tiles (the N side). docs/gguf-prefill.md is the
+// spec. Per 64-k step:
 //   - every 4th step, a warpgroup copies the next raw chunk of its 64 rows (256 elements
 //     of K: 272 bytes of q8_0 down to 98 of iq3_xxs per row) into shared memory with
 //     16-byte cp.async, consecutive threads on consecutive units of a row;
