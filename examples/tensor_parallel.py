@@ -141,13 +141,19 @@ def _timed(fn, sync, iters: int, repeats: int) -> float:
     return float(np.median(runs))
 
 
+def shards(ws, world: int, rank: int, loud: bool):
+    """Process rank's parts of (gate, up, down): gate and up cut along N, down along K.
+    A split the format refuses exits 1, with the reason where loud."""
+    try:
+        return [w.shard(ax, world, rank) for w, ax in zip(ws, ("n", "n", "k"))]
+    except pyquant.InvalidArgumentError as e:
+        raise SystemExit(f"intermediate={ws[0].shape[0]} does not shard {world} ways: {e}" if loud else 1)
+
+
 def worker(rank: int, world: int, args, port: int | None) -> int:
     gate, up, down = weights(args)
     inter, hidden = gate.shape
-    try:
-        mine = [w.shard(ax, world, rank) for w, ax in ((gate, "n"), (up, "n"), (down, "k"))]
-    except pyquant.InvalidArgumentError as e:  # every process fails alike: process 0 says why
-        raise SystemExit(f"intermediate={inter} does not shard {world} ways: {e}" if rank == 0 else 1)
+    mine = shards((gate, up, down), world, rank, loud=rank == 0)  # under torchrun: process 0 says why
     import torch
     import torch.distributed as dist
     if not dist.is_available():
@@ -226,7 +232,14 @@ def _spawned(rank: int, world: int, args, port: int) -> None:
 def spawn(args) -> int:
     """One process per rank (the spawn start method: nothing of this process, CUDA least of
     all, is inherited); when one fails the others are stopped, since they would wait for it
-    at the next collective. Returns the first non-zero exit code, else 0."""
+    at the next collective. A split the format refuses is refused here, before any process
+    starts (were it left to them, the first to exit could have the others stopped before
+    process 0 said why). Returns the first non-zero exit code of a process that was not
+    stopped, else that of one stopped, else 0."""
+    ws = weights(args)
+    for rank in range(args.world_size):
+        shards(ws, args.world_size, rank, loud=True)
+    del ws
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -243,7 +256,8 @@ def spawn(args) -> int:
         time.sleep(0.05)
     for p in procs:
         p.join()
-    return next((p.exitcode for p in procs if p.exitcode), 0)
+    codes = [p.exitcode for p in procs]
+    return next((c for c in codes if c > 0), next((c for c in codes if c), 0))
 
 
 def main(argv=None) -> int:

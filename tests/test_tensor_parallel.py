@@ -62,8 +62,8 @@ def test_two_processes_match_one(rng, source, tiny_llama):
 
 
 def test_a_split_the_format_refuses_exits_1():
-    """int4 g128 down [512, 384] into 2 parts: 192 inputs each, one and a half groups. Every
-    process refuses before the process group forms; process 0 says why."""
+    """int4 g128 down [512, 384] into 2 parts: 192 inputs each, one and a half groups. The
+    launcher refuses before it starts a process, and says why once."""
     _gloo()
     r = _run(["--backend", "gloo", "--world-size", "2", "--intermediate", "384"])
     assert r.returncode == 1
