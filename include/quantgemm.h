@@ -208,7 +208,7 @@ typedef enum qg_w4a16_layout QG_ENUM_BASE {
 } qg_w4a16_layout;
 
 /*
- * y[M, N] = x[M, K] @ dequant(W)[N, K]^T, dequant(W)[n, k] = (q[n, k] - z[n, k/G]) * s[n, k/G].
+ * y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias[N]), dequant(W)[n, k] = (q[n, k] - z[n, k/G]) * s[n, k/G].
  * Canonical layout (what AWQ / GPTQ / compressed-tensors checkpoints become on import):
  *   qweight [N, K/8] int32, nibble i of word j of row n holds q[n, 8j + i], unsigned 0..15;
  *   scales  [N, K/G] fp16 or bf16;
@@ -217,6 +217,8 @@ typedef enum qg_w4a16_layout QG_ENUM_BASE {
  * G in {32, 64, 128}; K % G == 0; N % 8 == 0. x and y fp16 or bf16 (y may be fp32).
  * With layout = QG_W4A16_LAYOUT_FRAG, qweight, scales and qzeros point at the three planes
  * written by qg_w4a16_repack for the same n, k, group_size (qzeros NULL = symmetric).
+ * bias, when given, is added to each output's float32 sum before its one rounding to y_dtype;
+ * so far the CPU tier adds it and the GPU tiers refuse it (QG_ERR_UNSUPPORTED).
  */
 typedef struct qg_w4a16_gemm_args {
     size_t size;            /* sizeof(qg_w4a16_gemm_args) */
@@ -236,6 +238,8 @@ typedef struct qg_w4a16_gemm_args {
     void* workspace;        /* qg_w4a16_gemm_workspace_size bytes, or NULL when that is 0 */
     size_t workspace_bytes;
     qg_w4a16_layout layout; /* of qweight/scales/qzeros; CANONICAL when args->size predates it */
+    const void* bias;       /* [N] in bias_dtype, or NULL (also when args->size predates it) */
+    qg_dtype bias_dtype;    /* F32, F16 or BF16 (ignored when bias is NULL) */
 } qg_w4a16_gemm_args;
 
 QG_API qg_status qg_w4a16_gemm_workspace_size(qg_context* ctx, const qg_w4a16_gemm_args* args,
@@ -270,11 +274,13 @@ QG_API qg_status qg_w4a16_repack(qg_context* ctx, const qg_w4a16_repack_args* ar
 /* ------------------------------------------------------------------ GGUF */
 
 /*
- * y[M, N] = x[M, K] @ dequant(W)[N, K]^T for a GGUF block format.
+ * y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias[N]) for a GGUF block format.
  * w holds N rows; row n starts at byte n * ldw and holds K / block_elems blocks exactly as
  * a .gguf file stores them (ldw >= (K / block_elems) * block_bytes, ldw even and w 2-byte
  * aligned: the blocks hold fp16 scales). K % block_elems == 0.
  * x fp32, fp16 or bf16; y x_dtype or fp32. Any N >= 1.
+ * bias, when given, is added to each output's float32 sum before its one rounding to y_dtype;
+ * so far the CPU tier adds it and the GPU tiers refuse it (QG_ERR_UNSUPPORTED).
  */
 typedef struct qg_gguf_gemm_args {
     size_t size;         /* sizeof(qg_gguf_gemm_args) */
@@ -290,6 +296,8 @@ typedef struct qg_gguf_gemm_args {
     int64_t ldy;
     void* workspace;
     size_t workspace_bytes;
+    const void* bias;    /* [N] in bias_dtype, or NULL (also when args->size predates it) */
+    qg_dtype bias_dtype; /* F32, F16 or BF16 (ignored when bias is NULL) */
 } qg_gguf_gemm_args;
 
 QG_API qg_status qg_gguf_gemm_workspace_size(qg_context* ctx, const qg_gguf_gemm_args* args,

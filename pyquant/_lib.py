@@ -374,7 +374,8 @@ class _Args(ctypes.Structure):
 #     size_t size; int64_t m, n, k; int32_t group_size; qg_dtype x_dtype; qg_dtype y_dtype;
 #     qg_dtype scale_dtype; qg_dtype zero_dtype; const void* x; int64_t ldx;
 #     const int32_t* qweight; const void* scales; const int32_t* qzeros; void* y; int64_t ldy;
-#     void* workspace; size_t workspace_bytes; qg_w4a16_layout layout;
+#     void* workspace; size_t workspace_bytes; qg_w4a16_layout layout; const void* bias;
+#     qg_dtype bias_dtype;
 # } qg_w4a16_gemm_args;
 class qg_w4a16_gemm_args(_Args):
     _fields_ = [
@@ -397,6 +398,8 @@ class qg_w4a16_gemm_args(_Args):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("layout", qg_w4a16_layout),
+        ("bias", ctypes.c_void_p),
+        ("bias_dtype", qg_dtype),
     ]
 
 
@@ -448,7 +451,7 @@ qg_w4a16_repack = _fn("qg_w4a16_repack",
 # typedef struct qg_gguf_gemm_args {
 #     size_t size; qg_format format; int64_t m, n, k; qg_dtype x_dtype; qg_dtype y_dtype;
 #     const void* x; int64_t ldx; const void* w; int64_t ldw; void* y; int64_t ldy;
-#     void* workspace; size_t workspace_bytes;
+#     void* workspace; size_t workspace_bytes; const void* bias; qg_dtype bias_dtype;
 # } qg_gguf_gemm_args;
 class qg_gguf_gemm_args(_Args):
     _fields_ = [
@@ -467,6 +470,8 @@ class qg_gguf_gemm_args(_Args):
         ("ldy", ctypes.c_int64),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("bias", ctypes.c_void_p),
+        ("bias_dtype", qg_dtype),
     ]
 
 

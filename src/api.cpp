@@ -137,6 +137,16 @@ qg_status check_dtype(const char* field, int v, unsigned allowed, const char* wh
     return QG_OK;
 }
 
+// The optional bias [N] of a dense GEMM: its dtype when there is one (bias_dtype is ignored
+// without it); `what` names the family ("W4A16 bias").
+qg_status check_bias(const void* bias, int bias_dtype, const char* what, bool pointers) {
+    if (bias == nullptr) return QG_OK;
+    char valid[64];
+    snprintf(valid, sizeof(valid), "%s (fp32, fp16 or bf16)", what);
+    QG_TRY(check_dtype("bias_dtype", bias_dtype, kF32 | kF16 | kBF16, valid));
+    return pointers ? check_ptr(bias, "bias", dtype_size(bias_dtype), dtype_name(bias_dtype)) : QG_OK;
+}
+
 // Output dtype: the activation dtype or F32.
 qg_status check_y_dtype(const char* field, int y, const char* x_field, int x) {
     EnumText t;
@@ -170,42 +180,61 @@ qg_status check_extent(const char* ld_name, int64_t ld, const char* array, int64
     return check_ptr(ws, "workspace", 16, "workspace");
 }
 
-// Argument structs: accept any size >= the size of the first version of the struct and
-// read only the fields that fit (every struct is at its first version: sizeof). When a
-// struct grows, its first_size must stay the old sizeof, written as a number.
+// Argument structs: accept the size of any version of the struct, or a larger one (a newer
+// caller), and read only the fields that fit; fields a version lacks read as zero (NULL).
+// Every struct lists the sizes of its older versions here, written as numbers (LP64):
+// sizeof(T) is always the newest.
 template <class T>
 struct ArgsInfo;
-#define QG_ARGS_INFO(T, FIRST_SIZE)                              \
-    template <>                                                  \
-    struct ArgsInfo<T> {                                         \
-        static constexpr const char* name = #T;                  \
-        static constexpr size_t first_size = FIRST_SIZE;         \
+#define QG_ARGS_INFO(T, ...)                                                     \
+    template <>                                                                  \
+    struct ArgsInfo<T> {                                                         \
+        static constexpr const char* name = #T;                                  \
+        static constexpr size_t sizes[] = {__VA_ARGS__ sizeof(T)};  /* oldest first */ \
     };
-// qg_w4a16_gemm_args grew `layout` (format 2); 128 bytes is its first version (LP64).
-QG_ARGS_INFO(qg_w4a16_gemm_args, 128)
-QG_ARGS_INFO(qg_w4a16_repack_args, sizeof(qg_w4a16_repack_args))
-QG_ARGS_INFO(qg_gguf_gemm_args, sizeof(qg_gguf_gemm_args))
-QG_ARGS_INFO(qg_mxfp4_gemm_args, sizeof(qg_mxfp4_gemm_args))
-QG_ARGS_INFO(qg_moe_align_args, sizeof(qg_moe_align_args))
-QG_ARGS_INFO(qg_moe_stage1_args, sizeof(qg_moe_stage1_args))
-QG_ARGS_INFO(qg_moe_stage2_args, sizeof(qg_moe_stage2_args))
+// qg_w4a16_gemm_args: 128 bytes, then `layout` (format 2): 136, then `bias`, `bias_dtype`.
+QG_ARGS_INFO(qg_w4a16_gemm_args, 128, 136, )
+QG_ARGS_INFO(qg_w4a16_repack_args, )
+// qg_gguf_gemm_args: 112 bytes, then `bias`, `bias_dtype`.
+QG_ARGS_INFO(qg_gguf_gemm_args, 112, )
+QG_ARGS_INFO(qg_mxfp4_gemm_args, )
+QG_ARGS_INFO(qg_moe_align_args, )
+QG_ARGS_INFO(qg_moe_stage1_args, )
+QG_ARGS_INFO(qg_moe_stage2_args, )
 #undef QG_ARGS_INFO
-static_assert(offsetof(qg_w4a16_gemm_args, layout) == 128 || sizeof(void*) != 8,
-              "qg_w4a16_gemm_args: the fields of its first version end at byte 128");
+static_assert(sizeof(void*) != 8 || (offsetof(qg_w4a16_gemm_args, layout) == 128 &&
+                                     offsetof(qg_w4a16_gemm_args, bias) == 136),
+              "qg_w4a16_gemm_args: its first version ends at byte 128, the second at 136");
+static_assert(sizeof(void*) != 8 || offsetof(qg_gguf_gemm_args, bias) == 112,
+              "qg_gguf_gemm_args: its first version ends at byte 112");
+
+// "128, 136 or 152 bytes": the sizes of T's versions, for a message (thread-local text).
+template <class T>
+const char* version_sizes() {
+    thread_local char buf[96];
+    constexpr size_t versions = sizeof(ArgsInfo<T>::sizes) / sizeof(ArgsInfo<T>::sizes[0]);
+    int used = 0;
+    for (size_t v = 0; v < versions && used < (int)sizeof(buf); ++v)
+        used += snprintf(buf + used, sizeof(buf) - (size_t)used, "%s%zu", v == 0 ? "" : v + 1 == versions ? " or " : ", ",
+                         ArgsInfo<T>::sizes[v]);
+    if (used < (int)sizeof(buf)) snprintf(buf + used, sizeof(buf) - (size_t)used, " bytes");
+    return buf;
+}
 
 template <class T>
 qg_status read_args(const T* in, T* out) {
+    typedef ArgsInfo<T> I;
+    constexpr size_t versions = sizeof(I::sizes) / sizeof(I::sizes[0]);
     QG_CHECK(in != nullptr, "args is NULL");
     QG_CHECK(reinterpret_cast<uintptr_t>(in) % alignof(T) == 0, "args=%p is not %zu-byte aligned (%s)",
-             static_cast<const void*>(in), alignof(T), ArgsInfo<T>::name);
-    QG_CHECK(in->size >= ArgsInfo<T>::first_size,
-             "args->size=%zu is smaller than the oldest known struct (%s is %zu bytes)", in->size,
-             ArgsInfo<T>::name, ArgsInfo<T>::first_size);
+             static_cast<const void*>(in), alignof(T), I::name);
+    QG_CHECK(in->size >= I::sizes[0], "args->size=%zu is smaller than the oldest known struct (%s is %zu bytes)",
+             in->size, I::name, I::sizes[0]);
     // a size between two versions would cut a field in half: only a version's own size
-    // (the first one or this build's) or a newer, larger one is a struct
-    QG_CHECK(in->size == ArgsInfo<T>::first_size || in->size >= sizeof(T),
-             "args->size=%zu is between the sizes of two versions of %s (%zu and %zu bytes)", in->size,
-             ArgsInfo<T>::name, ArgsInfo<T>::first_size, sizeof(T));
+    // or one at least this build's (a newer, larger struct) is a struct
+    bool known = in->size >= sizeof(T);
+    for (size_t v = 0; v < versions; ++v) known = known || in->size == I::sizes[v];
+    QG_CHECK(known, "args->size=%zu is not the size of a version of %s (%s)", in->size, I::name, version_sizes<T>());
     memset(out, 0, sizeof(T));
     memcpy(out, in, std::min(in->size, sizeof(T)));
     return QG_OK;
@@ -231,6 +260,7 @@ qg_status check_w4a16(const qg_w4a16_gemm_args& a, bool pointers) {
     QG_TRY(check_dtype("x_dtype", a.x_dtype, kF16 | kBF16, "W4A16 (fp16 or bf16)"));
     QG_TRY(check_y_dtype("y_dtype", a.y_dtype, "x_dtype", a.x_dtype));
     QG_TRY(check_dtype("scale_dtype", a.scale_dtype, kF16 | kBF16, "W4A16 scales (fp16 or bf16)"));
+    QG_TRY(check_bias(a.bias, a.bias_dtype, "W4A16 bias", false));
     if (a.qzeros != nullptr) {
         EnumText t;
         const int z = a.zero_dtype;
@@ -258,6 +288,7 @@ qg_status check_w4a16(const qg_w4a16_gemm_args& a, bool pointers) {
             QG_TRY(check_ptr(a.scales, "scales", dtype_size(a.scale_dtype), dtype_name(a.scale_dtype)));
             QG_TRY(check_opt_ptr(a.qzeros, "qzeros", 4, "int32 words"));
         }
+        QG_TRY(check_bias(a.bias, a.bias_dtype, "W4A16 bias", true));
         QG_TRY(check_ptr(a.y, "y", dtype_size(a.y_dtype), dtype_name(a.y_dtype)));
     }
     return QG_OK;
@@ -325,6 +356,7 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     QG_CHECK(a.ldw % 2 == 0, "ldw=%lld is odd: GGUF rows must start 2-byte aligned (fp16 scales)", (ll)a.ldw);
     QG_TRY(check_dtype("x_dtype", a.x_dtype, kF32 | kF16 | kBF16, "GGUF GEMM (fp32, fp16 or bf16)"));
     QG_TRY(check_y_dtype("y_dtype", a.y_dtype, "x_dtype", a.x_dtype));
+    QG_TRY(check_bias(a.bias, a.bias_dtype, "GGUF bias", false));
     QG_TRY(check_ld("ldx", a.ldx, "k", a.k));
     QG_TRY(check_ld("ldy", a.ldy, "n", a.n));
     QG_TRY(check_extent("ldx", a.ldx, "x", a.m, (int64_t)dtype_size(a.x_dtype)));
@@ -333,6 +365,7 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     if (pointers) {
         QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
         QG_TRY(check_ptr(a.w, "w", 2, "GGUF blocks hold fp16 scales"));
+        QG_TRY(check_bias(a.bias, a.bias_dtype, "GGUF bias", true));
         QG_TRY(check_ptr(a.y, "y", dtype_size(a.y_dtype), dtype_name(a.y_dtype)));
     }
     return QG_OK;
@@ -345,8 +378,7 @@ qg_status check_mxfp4(const qg_mxfp4_gemm_args& a, bool pointers) {
     QG_CHECK(a.k % 32 == 0, "k=%lld is not a multiple of 32 (MXFP4 blocks)", (ll)a.k);
     QG_TRY(check_dtype("x_dtype", a.x_dtype, kF32 | kF16 | kBF16, "MXFP4 GEMM (fp32, fp16 or bf16)"));
     QG_TRY(check_y_dtype("y_dtype", a.y_dtype, "x_dtype", a.x_dtype));
-    if (a.bias != nullptr)
-        QG_TRY(check_dtype("bias_dtype", a.bias_dtype, kF32 | kF16 | kBF16, "MXFP4 bias (fp32, fp16 or bf16)"));
+    QG_TRY(check_bias(a.bias, a.bias_dtype, "MXFP4 bias", false));
     QG_TRY(check_ld("ldx", a.ldx, "k", a.k));
     QG_TRY(check_ld("ldy", a.ldy, "n", a.n));
     QG_TRY(check_extent("ldx", a.ldx, "x", a.m, (int64_t)dtype_size(a.x_dtype)));
@@ -356,7 +388,7 @@ qg_status check_mxfp4(const qg_mxfp4_gemm_args& a, bool pointers) {
         QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
         QG_TRY(check_ptr(a.blocks, "blocks", 1, "bytes"));
         QG_TRY(check_ptr(a.scales, "scales", 1, "bytes"));
-        if (a.bias != nullptr) QG_TRY(check_ptr(a.bias, "bias", dtype_size(a.bias_dtype), dtype_name(a.bias_dtype)));
+        QG_TRY(check_bias(a.bias, a.bias_dtype, "MXFP4 bias", true));
         QG_TRY(check_ptr(a.y, "y", dtype_size(a.y_dtype), dtype_name(a.y_dtype)));
     }
     return QG_OK;
@@ -452,6 +484,7 @@ int64_t round16(int64_t v) { return (v + 15) / 16 * 16; }
 void strip_pointers(qg_w4a16_gemm_args* a) {
     // asymmetric stays asymmetric: an aligned stand-in, never dereferenced by a query
     if (a->qzeros != nullptr) a->qzeros = reinterpret_cast<const int32_t*>(256);
+    if (a->bias != nullptr) a->bias = reinterpret_cast<const void*>(256);  // tiers that add no bias stay out
     a->x = a->scales = nullptr;
     a->qweight = nullptr;
     a->y = a->workspace = nullptr;
@@ -459,6 +492,7 @@ void strip_pointers(qg_w4a16_gemm_args* a) {
     a->ldy = round16(a->ldy);
 }
 void strip_pointers(qg_gguf_gemm_args* a) {
+    if (a->bias != nullptr) a->bias = reinterpret_cast<const void*>(256);  // as for W4A16
     a->x = a->w = nullptr;
     a->y = a->workspace = nullptr;
     a->ldx = round16(a->ldx);

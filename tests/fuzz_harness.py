@@ -699,29 +699,42 @@ def args_mutation(draw, spec):
     elif what == "ctx":
         spec["ctx_null"] = True
     else:
-        spec["size_delta"] = draw(st.sampled_from(["zero", -8, -1, 8, "max"]))
+        spec["size_delta"] = draw(st.sampled_from(["zero", -8, -1, 8, "max", "v0", "v1"]))
 
 
 def struct_size(struct_type, delta):
+    """The args->size a case passes: sizeof + delta, 0, 2^64 - 1, or "vN" the size of the
+    struct's N-th older version (sizeof itself where it has none)."""
     size = ctypes.sizeof(struct_type)
     if delta == "zero":
         return 0
     if delta == "max":
         return 2 ** 64 - 1
+    if isinstance(delta, str):
+        older = OLDER_SIZES.get(struct_type, ())
+        i = int(delta[1:])
+        return older[i] if i < len(older) else size
     return size + delta
 
 
-# Sizes of the first version of the structs that have grown (include/quantgemm.h: argument
-# structs only grow; a caller built against the first version passes its size).
-FIRST_SIZE = {L.qg_w4a16_gemm_args: 128}
+def reads_field(struct_type, spec, field: str) -> bool:
+    """Whether the library reads `field` of the args of this case: a struct of an older
+    version (a smaller size) ends before the fields added after it, which read as zero."""
+    f = getattr(struct_type, field)
+    return struct_size(struct_type, spec["size_delta"]) >= f.offset + f.size
+
+
+# Sizes of the older versions of the structs that have grown, oldest first (include/quantgemm.h:
+# argument structs only grow; a caller built against an older version passes its size).
+# qg_w4a16_gemm_args: 128, then layout (136), then bias; qg_gguf_gemm_args: 112, then bias.
+OLDER_SIZES = {L.qg_w4a16_gemm_args: (128, 136), L.qg_gguf_gemm_args: (112,)}
 
 
 def common_expect(exp, spec, struct_type):
     exp.bad(spec["ctx_null"], "ctx")
     exp.bad(spec["args_mode"] == "null", "args")
     size = struct_size(struct_type, spec["size_delta"])
-    first = FIRST_SIZE.get(struct_type, ctypes.sizeof(struct_type))
-    exp.bad(size < ctypes.sizeof(struct_type) and size != first, "size")
+    exp.bad(size < ctypes.sizeof(struct_type) and size not in OLDER_SIZES.get(struct_type, ()), "size")
     exp.open(size > ctypes.sizeof(struct_type), "size")
     return size
 
@@ -738,6 +751,53 @@ def force_fault_next_to_huge(spec, exp, huge_fields, fault):
         fault(spec)
         return True
     return False
+
+
+# ---------------------------------------------------------------- the optional bias of the dense GEMMs
+
+def bias_spec(draw, spec):
+    """bias_dtype and the bias pointer of a dense GEMM case (NULL = no bias)."""
+    spec["bias_dtype"] = draw(st.sampled_from(FLOAT_DTYPES))
+    spec["ptr"]["bias"] = draw(st.sampled_from(["ok", "ok", "shift", "null"]))
+
+
+def bias_dtype_mutation(draw, spec):
+    spec["bias_dtype"] = draw(st.sampled_from([I32, U8, U4X8, *NOT_ENUM]))
+
+
+def has_bias(spec, struct_type) -> bool:
+    """A bias pointer is given and this case's struct version holds the field."""
+    return spec["ptr"]["bias"] != "null" and reads_field(struct_type, spec, "bias")
+
+
+def bias_expect(exp, spec, struct_type, pointers):
+    given = has_bias(spec, struct_type)
+    exp.bad(given and spec["bias_dtype"] not in FLOAT_DTYPES, "bias_dtype")
+    if pointers:
+        exp.bad(given and spec["ptr"]["bias"] == "mis", "bias")
+
+
+def bias_input(rng, mem, spec, rows):
+    """(pointer, float64 bias or None for the reference) of a case's bias [rows]."""
+    dt = spec["bias_dtype"] if spec["bias_dtype"] in FLOAT_DTYPES else F32
+    bias = rng.standard_normal(rows).astype(NP_DTYPE[dt])
+    ptr = mem.input("bias", bias, spec["ptr"]["bias"])
+    return ptr, (None if spec["ptr"]["bias"] == "null" else bias.astype(np.float64))
+
+
+def without_gpu_bias(spec, env):
+    """The GPU tiers of W4A16 and GGUF add no bias yet (QG_ERR_UNSUPPORTED): their GPU fuzz
+    leaves it out."""
+    if isinstance(env, GpuEnv) and spec["ptr"]["bias"] != "null":
+        return {**spec, "ptr": {**spec["ptr"], "bias": "null"}}
+    return spec
+
+
+def with_bias(ref, abs_ref, bias):
+    """The reference and its magnitude with a bias added (None: unchanged)."""
+    if bias is None:
+        return ref, abs_ref
+    return ref + bias[None, :], abs_ref + np.abs(bias)[None, :]
 
 
 # ---------------------------------------------------------------- shared by MXFP4 dense and MoE

@@ -189,3 +189,70 @@ def test_errors_carry_status_and_are_value_errors_only_for_bad_arguments(ctx):
     assert isinstance(info.value, ValueError) and "no_such_option" in str(info.value)
     err = pyquant.QuantGemmError(_lib.Status.QG_ERR_DEVICE, "boom")
     assert not isinstance(err, ValueError) and err.status_name == "QG_ERR_DEVICE"
+
+
+# ---------------------------------------------------------------- the bias fields and struct versions
+
+def _gguf_args(rng, g, m=2, n=8, **over):
+    raw = pyquant.formats.get("q8_0").module.random_blocks(rng, n, 64, d_range=(2.0 ** -8, 2.0 ** -4))
+    x = rng.standard_normal((m, 64)).astype(np.float32)
+    fields = dict(format=_lib.Format.QG_FORMAT_Q8_0, m=m, n=n, k=64, x_dtype=DType.QG_DTYPE_F32,
+                  y_dtype=DType.QG_DTYPE_F32, x=x.ctypes.data, ldx=64, w=raw.ctypes.data,
+                  ldw=raw.shape[1], y=g.y.ctypes.data, ldy=g.ld)
+    fields.update(over)
+    return _lib.qg_gguf_gemm_args(**fields), (raw, x)
+
+
+FAMILIES = {"w4a16": (_w4a16_args, _lib.qg_w4a16_gemm, np.float16, "W4A16"),
+            "gguf": (_gguf_args, _lib.qg_gguf_gemm, np.float32, "GGUF")}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_bias_dtype_and_alignment_are_checked(rng, ctx, poisoned_output, family):
+    make, fn, y_dt, name = FAMILIES[family]
+    g = poisoned_output(2, 8, y_dt)
+    bias = np.ones(9, np.float32)
+    args, keep = make(rng, g, bias=bias.ctypes.data, bias_dtype=DType.QG_DTYPE_I32)
+    _expect(ValueError, rf"bias_dtype=QG_DTYPE_I32 is not supported by {name} bias \(fp32, fp16 or bf16\)",
+            lambda: fn(ctx.handle, ctypes.byref(args), None), g)
+    args, keep = make(rng, g, bias=bias.ctypes.data + 2, bias_dtype=DType.QG_DTYPE_F32)
+    _expect(ValueError, r"bias=0x[0-9a-f]+ is not aligned to 4 bytes \(QG_DTYPE_F32\)",
+            lambda: fn(ctx.handle, ctypes.byref(args), None), g)
+
+
+def _call_with_size(fn, ctx, args, size):
+    """fn on a copy of args whose size field says `size` (the bytes past it are still there:
+    the library must not read them)."""
+    buf = (ctypes.c_uint8 * ctypes.sizeof(args)).from_buffer_copy(bytes(args))
+    view = type(args).from_buffer(buf)
+    view.size = size
+    return fn(ctx.handle, ctypes.byref(view), None)
+
+
+@pytest.mark.parametrize("family,older", [("w4a16", 128), ("w4a16", 136), ("gguf", 112)])
+def test_an_older_struct_has_no_bias(rng, ctx, poisoned_output, family, older, assert_bitwise_equal):
+    """A caller built against a struct version before the bias passes that version's size:
+    whatever lies past it (here a bias pointer that would be refused, misaligned, with a
+    dtype that is no qg_dtype) is not read, and y is the product without a bias."""
+    make, fn, y_dt, _ = FAMILIES[family]
+    g0, g1 = poisoned_output(2, 8, y_dt), poisoned_output(2, 8, y_dt)
+    args, keep = make(rng, g0)
+    fn(ctx.handle, ctypes.byref(args), None)
+    stale = type(args).from_buffer_copy(bytes(args))
+    stale.y, stale.bias, stale.bias_dtype = g1.y.ctypes.data, 0x1001, 100
+    _call_with_size(fn, ctx, stale, older)
+    assert_bitwise_equal(g1.value(), g0.value(), f"{family} struct of {older} bytes")
+    with pytest.raises(ValueError, match=r"bias_dtype=100 is not a qg_dtype value"):
+        _call_with_size(fn, ctx, stale, ctypes.sizeof(stale))
+
+
+@pytest.mark.parametrize("family,size,versions", [
+    ("w4a16", 144, "128, 136 or 152 bytes"), ("w4a16", 130, "128, 136 or 152 bytes"),
+    ("gguf", 120, "112 or 128 bytes")])
+def test_a_size_between_versions_is_refused(rng, ctx, poisoned_output, family, size, versions):
+    make, fn, y_dt, _ = FAMILIES[family]
+    g = poisoned_output(2, 8, y_dt)
+    args, keep = make(rng, g)
+    name = type(args).__name__
+    _expect(ValueError, rf"args->size={size} is not the size of a version of {name} \({versions}\)",
+            lambda: _call_with_size(fn, ctx, args, size), g)

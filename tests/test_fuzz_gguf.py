@@ -20,7 +20,8 @@ from fuzz_harness import (  # noqa: E402
     accepted_output, allow_empty, args_and_ctx, args_mutation, assert_close, base_spec, call,
     check_misaligned_args_refused, common_expect, drive, examples, float_input,
     force_fault_next_to_huge, gemm_sizes_expect, is_sane, output_matrix, ptr_mutation, rng_of,
-    run_case, run_gpu_case, small, workspace_step,
+    run_case, run_gpu_case, small, workspace_step, bias_dtype_mutation, bias_expect, bias_input, bias_spec,
+    has_bias, with_bias, without_gpu_bias,
 )
 from fuzz_harness import fuzz_worker, gpu_env  # noqa: E402,F401 (fixtures: the worker, the GPU context)
 from pyquant import _lib as L  # noqa: E402
@@ -47,9 +48,10 @@ def gguf_specs(draw):
     s["ldy"] = s["n"] + draw(LD_PAD)
     s["ldw"] = row + draw(st.sampled_from([0, 0, 2, 6, 64]))
     s["ptr"] = {p: draw(ALIGNED) for p in ("x", "w", "y")}
+    bias_spec(draw, s)
     for _ in range(draw(N_MUTATIONS)):
-        what = draw(st.sampled_from(["m", "n", "k", "format", "x_dtype", "y_dtype", "ldx", "ldy",
-                                     "ldw", "ptr", "args", "huge"]))
+        what = draw(st.sampled_from(["m", "n", "k", "format", "x_dtype", "y_dtype", "bias_dtype", "ldx",
+                                     "ldy", "ldw", "ptr", "args", "huge"]))
         if what == "m":
             s["m"] = draw(st.sampled_from([0, -1, -2 ** 63]))
         elif what == "n":
@@ -63,6 +65,8 @@ def gguf_specs(draw):
         elif what == "y_dtype":
             s["y_dtype"] = draw(st.sampled_from([d for d in FLOAT_DTYPES if d not in (x_dtype, F32)]
                                                 + [I32, U8, *NOT_ENUM]))
+        elif what == "bias_dtype":
+            bias_dtype_mutation(draw, s)
         elif what == "ldx":
             s["ldx"] = draw(st.sampled_from([s["k"] - 1, 0, -1, -2 ** 63]))
         elif what == "ldy":
@@ -70,7 +74,7 @@ def gguf_specs(draw):
         elif what == "ldw":
             s["ldw"] = draw(st.sampled_from([row - 2, row + 1, row + 3, 0, -2, -2 ** 63]))
         elif what == "ptr":
-            ptr_mutation(draw, s, ["x", "w", "y"])
+            ptr_mutation(draw, s, ["x", "w", "bias", "y"])
         elif what == "args":
             args_mutation(draw, s)
         else:
@@ -99,6 +103,7 @@ def gguf_expect(s, pointers=True):
     exp.open(s["ldw"] % 2 != 0, "ldw")  # the header does not ask for even row strides
     exp.bad(s["x_dtype"] not in FLOAT_DTYPES, "x_dtype")
     exp.bad(s["y_dtype"] not in (s["x_dtype"], F32), "y_dtype")
+    bias_expect(exp, s, L.qg_gguf_gemm_args, pointers)
     exp.bad(s["ldx"] < k, "ldx")
     exp.bad(s["ldy"] < n, "ldy")
     exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)
@@ -112,6 +117,7 @@ def gguf_expect(s, pointers=True):
 
 
 def gguf_case(s, env=CPU_ENV):
+    s = without_gpu_bias(s, env)
     rng, mem = rng_of(s), env.mem(rng_of(s))
     exp = gguf_expect(s)
     sane = is_sane(exp, s, ("m", "n", "k", "ldx", "ldy", "ldw"))
@@ -132,10 +138,13 @@ def gguf_case(s, env=CPU_ENV):
     xdt = s["x_dtype"] if s["x_dtype"] in FLOAT_DTYPES else F32
     ydt = s["y_dtype"] if s["y_dtype"] in FLOAT_DTYPES else F32
     x_flat, x_dense = float_input(rng, am, ak, ldx, xdt)
+    bias_ptr, bias = bias_input(rng, mem, s, an)
+    bias = bias if has_bias(s, L.qg_gguf_gemm_args) else None
     ptr = s["ptr"]
     a = L.qg_gguf_gemm_args(format=s["format"], m=m, n=n, k=k, x_dtype=s["x_dtype"],
                             y_dtype=s["y_dtype"], x=mem.input("x", x_flat, ptr["x"]), ldx=s["ldx"],
-                            w=mem.input("w", w_flat, ptr["w"]), ldw=s["ldw"], ldy=s["ldy"])
+                            w=mem.input("w", w_flat, ptr["w"]), ldw=s["ldw"], ldy=s["ldy"],
+                            bias=bias_ptr, bias_dtype=s["bias_dtype"])
     y_elems = output_matrix(mem, a, am, an, ldy, ydt, ptr["y"])
     pa, ctx = args_and_ctx(mem, s, a, env)
     workspace_step(env, mem, "qg_gguf_gemm_workspace_size", L.qg_gguf_gemm_workspace_size, ctx, pa, a,
@@ -160,7 +169,8 @@ def gguf_case(s, env=CPU_ENV):
                 bound = np.maximum(bound, bf16_tile.error_bound(xq, w, 2 * UNIT_ROUNDOFF[ydt]))
             assert_elementwise(y, ref, bound, f"y ({fs.name}, GPU)", what="reference")
             return
-        assert_close(f"y ({fs.name})", y, ref, ydt, reference.gemm(np.abs(x_dense), np.abs(w)), k)
+        ref, abs_ref = with_bias(ref, reference.gemm(np.abs(x_dense), np.abs(w)), bias)
+        assert_close(f"y ({fs.name})", y, ref, ydt, abs_ref, k)
     return drive("qg_gguf_gemm", lambda: call(L.qg_gguf_gemm, ctx, pa, None), exp, mem, verify)
 
 

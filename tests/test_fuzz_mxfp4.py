@@ -19,7 +19,8 @@ from fuzz_harness import (  # noqa: E402
     allow_empty, args_and_ctx, args_mutation, assert_close, base_spec, call,
     check_misaligned_args_refused, common_expect, drive, examples, float_input,
     force_fault_next_to_huge, gemm_sizes_expect, is_sane, mxfp4_weight, output_matrix, ptr_mutation,
-    rng_of, run_case, run_gpu_case, small, workspace_step,
+    rng_of, run_case, run_gpu_case, small, workspace_step, bias_dtype_mutation, bias_expect, bias_input,
+    bias_spec, with_bias,
 )
 from fuzz_harness import fuzz_worker, gpu_env  # noqa: E402,F401 (fixtures: the worker, the GPU context)
 from pyquant import _lib as L  # noqa: E402
@@ -36,11 +37,11 @@ def mxfp4_specs(draw):
     x_dtype = draw(st.sampled_from(FLOAT_DTYPES))
     s.update(m=draw(M_VALUES), n=draw(st.integers(1, 40)), k=32 * draw(st.integers(1, 8)),
              x_dtype=x_dtype, y_dtype=draw(st.sampled_from([x_dtype, F32])),
-             bias_dtype=draw(st.sampled_from(FLOAT_DTYPES)), huge=[])
+             huge=[])
     s["ldx"] = s["k"] + draw(LD_PAD)
     s["ldy"] = s["n"] + draw(LD_PAD)
     s["ptr"] = {p: draw(ALIGNED) for p in ("x", "blocks", "scales", "y")}
-    s["ptr"]["bias"] = draw(st.sampled_from(["ok", "ok", "shift", "null"]))  # NULL = no bias
+    bias_spec(draw, s)
     for _ in range(draw(N_MUTATIONS)):
         what = draw(st.sampled_from(["m", "n", "k", "x_dtype", "y_dtype", "bias_dtype", "ldx",
                                      "ldy", "ptr", "args", "huge"]))
@@ -56,7 +57,7 @@ def mxfp4_specs(draw):
             s["y_dtype"] = draw(st.sampled_from([d for d in FLOAT_DTYPES if d not in (x_dtype, F32)]
                                                 + [I32, U8, *NOT_ENUM]))
         elif what == "bias_dtype":
-            s["bias_dtype"] = draw(st.sampled_from([I32, U8, U4X8, *NOT_ENUM]))
+            bias_dtype_mutation(draw, s)
         elif what == "ldx":
             s["ldx"] = draw(st.sampled_from([s["k"] - 1, 0, -1, -2 ** 63]))
         elif what == "ldy":
@@ -84,15 +85,13 @@ def mxfp4_expect(s, pointers=True):
     exp.bad(k % 32 != 0, "k")
     exp.bad(s["x_dtype"] not in FLOAT_DTYPES, "x_dtype")
     exp.bad(s["y_dtype"] not in (s["x_dtype"], F32), "y_dtype")
-    has_bias = s["ptr"]["bias"] != "null"
-    exp.bad(has_bias and s["bias_dtype"] not in FLOAT_DTYPES, "bias_dtype")
+    bias_expect(exp, s, L.qg_mxfp4_gemm_args, pointers)
     exp.bad(s["ldx"] < k, "ldx")
     exp.bad(s["ldy"] < n, "ldy")
     exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)
     if pointers:
         for p in ("x", "y"):
             exp.bad(s["ptr"][p] in ("null", "mis"), p)
-        exp.bad(s["ptr"]["bias"] == "mis", "bias")
         for p in ("blocks", "scales"):
             exp.bad(s["ptr"][p] == "null", p)
             exp.open(s["ptr"][p] == "mis", p)  # byte arrays
@@ -110,15 +109,14 @@ def mxfp4_case(s, env=CPU_ENV):
     blocks, scales = mxfp4_weight(rng, an, ak)
     xdt = s["x_dtype"] if s["x_dtype"] in FLOAT_DTYPES else F32
     ydt = s["y_dtype"] if s["y_dtype"] in FLOAT_DTYPES else F32
-    bdt = s["bias_dtype"] if s["bias_dtype"] in FLOAT_DTYPES else F32
     x_flat, x_dense = float_input(rng, am, ak, ldx, xdt)
-    bias = rng.standard_normal(an).astype(NP_DTYPE[bdt])
+    bias_ptr, bias = bias_input(rng, mem, s, an)
     ptr = s["ptr"]
     a = L.qg_mxfp4_gemm_args(m=m, n=n, k=k, x_dtype=s["x_dtype"], y_dtype=s["y_dtype"],
                              x=mem.input("x", x_flat, ptr["x"]), ldx=s["ldx"],
                              blocks=mem.input("blocks", blocks, ptr["blocks"]),
                              scales=mem.input("scales", scales, ptr["scales"]),
-                             bias=mem.input("bias", bias, ptr["bias"]), bias_dtype=s["bias_dtype"],
+                             bias=bias_ptr, bias_dtype=s["bias_dtype"],
                              ldy=s["ldy"])
     y_elems = output_matrix(mem, a, am, an, ldy, ydt, ptr["y"])
     pa, ctx = args_and_ctx(mem, s, a, env)
@@ -131,9 +129,7 @@ def mxfp4_case(s, env=CPU_ENV):
             return
         # a pointer at +1 still points at our payload (the byte before it is slack)
         w = mxfp4.dequantize(blocks, scales)
-        b = None if ptr["bias"] == "null" else bias
-        ref = reference.gemm(x_dense, w, b)
-        abs_ref = reference.gemm(np.abs(x_dense), np.abs(w), None if b is None else np.abs(b.astype(np.float64)))
+        ref, abs_ref = with_bias(reference.gemm(x_dense, w), reference.gemm(np.abs(x_dense), np.abs(w)), bias)
         assert_close("y", y, ref, ydt, abs_ref, k)
     return drive("qg_mxfp4_gemm", lambda: call(L.qg_mxfp4_gemm, ctx, pa, None), exp, mem, verify)
 

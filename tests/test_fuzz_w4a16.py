@@ -14,12 +14,13 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from fuzz_harness import (  # noqa: E402
-    ALIGNED, BF16, CPU_ENV, Expect, F16, F32, FIRST_SIZE, FLOAT_DTYPES, FUZZ_SETTINGS, HUGE, I32,
+    ALIGNED, BF16, CPU_ENV, Expect, F16, F32, FLOAT_DTYPES, FUZZ_SETTINGS, HUGE, I32,
     LD_PAD, M_VALUES, NOT_ENUM, NP_DTYPE, N_MUTATIONS, REQUIRES_LIBRARY, SIZE_FIELDS, U4X8, U8,
     accepted_output, allow_empty, args_and_ctx, args_mutation, assert_close, base_spec, call,
     check_misaligned_args_refused, common_expect, drive, examples, float_input,
     force_fault_next_to_huge, gemm_sizes_expect, is_sane, output_matrix, ptr_mutation, rng_of,
-    run_case, run_gpu_case, small, struct_size, workspace_step,
+    run_case, run_gpu_case, small, workspace_step, bias_dtype_mutation, bias_expect, bias_input, bias_spec,
+    has_bias, reads_field, with_bias, without_gpu_bias,
 )
 from fuzz_harness import fuzz_worker, gpu_env  # noqa: E402,F401 (fixtures: the worker, the GPU context)
 from pyquant import _lib as L  # noqa: E402
@@ -41,10 +42,12 @@ def w4a16_specs(draw):
              ldx_pad=draw(LD_PAD), ldy_pad=draw(LD_PAD), huge=[])
     s["ptr"] = {p: draw(ALIGNED) for p in ("x", "qweight", "scales", "y")}
     s["ptr"]["qzeros"] = draw(st.sampled_from(["ok", "ok", "shift", "null"]))  # NULL = symmetric
+    bias_spec(draw, s)
     s["ldx"], s["ldy"] = s["k"] + s["ldx_pad"], s["n"] + s["ldy_pad"]
     for _ in range(draw(N_MUTATIONS)):
         what = draw(st.sampled_from(["m", "n", "k", "G", "x_dtype", "y_dtype", "scale_dtype",
-                                     "zero_dtype", "ldx", "ldy", "ptr", "args", "huge", "layout"]))
+                                     "zero_dtype", "bias_dtype", "ldx", "ldy", "ptr", "args", "huge",
+                                     "layout"]))
         if what == "m":
             s["m"] = draw(st.sampled_from([0, -1, -2 ** 63]))
         elif what == "layout":
@@ -63,12 +66,14 @@ def w4a16_specs(draw):
             s[what] = draw(st.sampled_from([other, I32, U8, U4X8, *NOT_ENUM]))
         elif what == "zero_dtype":
             s[what] = draw(st.sampled_from([F16, BF16, F32, I32, U8, *NOT_ENUM]))
+        elif what == "bias_dtype":
+            bias_dtype_mutation(draw, s)
         elif what == "ldx":
             s["ldx"] = draw(st.sampled_from([s["k"] - 1, 0, -1, s["k"] // 2, -2 ** 63]))
         elif what == "ldy":
             s["ldy"] = draw(st.sampled_from([s["n"] - 1, 0, -1, s["n"] // 2, -2 ** 63]))
         elif what == "ptr":
-            ptr_mutation(draw, s, ["x", "qweight", "scales", "qzeros", "y"])
+            ptr_mutation(draw, s, ["x", "qweight", "scales", "qzeros", "bias", "y"])
         elif what == "args":
             args_mutation(draw, s)
         else:
@@ -97,8 +102,8 @@ def w4a16_expect(s, pointers=True):
     exp.bad(s["ldx"] < k, "ldx")
     exp.bad(s["ldy"] < n, "ldy")
     # a first-version struct (size 128) has no layout field: canonical whatever it holds
-    first_version = struct_size(L.qg_w4a16_gemm_args, s["size_delta"]) == FIRST_SIZE[L.qg_w4a16_gemm_args]
-    exp.bad(s.get("layout", 0) != 0 and not first_version, "layout")
+    exp.bad(s.get("layout", 0) != 0 and reads_field(L.qg_w4a16_gemm_args, s, "layout"), "layout")
+    bias_expect(exp, s, L.qg_w4a16_gemm_args, pointers)
     exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)
     if pointers:
         for p in ("x", "qweight", "scales", "y"):
@@ -109,6 +114,7 @@ def w4a16_expect(s, pointers=True):
 
 
 def w4a16_case(s, env=CPU_ENV):
+    s = without_gpu_bias(s, env)
     rng, mem = rng_of(s), env.mem(rng_of(s))
     exp = w4a16_expect(s)
     sane = is_sane(exp, s, ("m", "n", "k", "ldx", "ldy"))
@@ -125,6 +131,8 @@ def w4a16_case(s, env=CPU_ENV):
     sign = rng.choice([-1.0, 1.0], size=(an, groups))
     scales = (sign * rng.uniform(0.005, 0.02, size=(an, groups))).astype(NP_DTYPE[sdt])
     qzeros = rng.integers(0, 2 ** 32, size=(-(-an // 8), groups), dtype=np.uint32).view(np.int32)
+    bias_ptr, bias = bias_input(rng, mem, s, an)
+    bias = bias if has_bias(s, L.qg_w4a16_gemm_args) else None
     ptr = s["ptr"]
     a = L.qg_w4a16_gemm_args(
         m=m, n=n, k=k, group_size=G, x_dtype=s["x_dtype"], y_dtype=s["y_dtype"],
@@ -132,7 +140,8 @@ def w4a16_case(s, env=CPU_ENV):
         x=mem.input("x", x_flat, ptr["x"]), ldx=s["ldx"],
         qweight=mem.input("qweight", qweight, ptr["qweight"]),
         scales=mem.input("scales", scales, ptr["scales"]),
-        qzeros=mem.input("qzeros", qzeros, ptr["qzeros"]), ldy=s["ldy"], layout=s.get("layout", 0))
+        qzeros=mem.input("qzeros", qzeros, ptr["qzeros"]), ldy=s["ldy"], layout=s.get("layout", 0),
+        bias=bias_ptr, bias_dtype=s["bias_dtype"])
     y_elems = output_matrix(mem, a, am, an, ldy, ydt, ptr["y"])
     pa, ctx = args_and_ctx(mem, s, a, env)
     workspace_step(env, mem, "qg_w4a16_gemm_workspace_size", L.qg_w4a16_gemm_workspace_size, ctx, pa, a,
@@ -143,7 +152,8 @@ def w4a16_case(s, env=CPU_ENV):
         if y is None:
             return
         w = int4.dequantize(qweight, scales, None if ptr["qzeros"] == "null" else qzeros, G)
-        assert_close("y", y, reference.gemm(x_dense, w), ydt, reference.gemm(np.abs(x_dense), np.abs(w)), k)
+        ref, abs_ref = with_bias(reference.gemm(x_dense, w), reference.gemm(np.abs(x_dense), np.abs(w)), bias)
+        assert_close("y", y, ref, ydt, abs_ref, k)
     return drive("qg_w4a16_gemm", lambda: call(L.qg_w4a16_gemm, ctx, pa, None), exp, mem, verify)
 
 

@@ -92,6 +92,24 @@ inline void store_float(qg_dtype dt, void* p, int64_t i, float v) {
     }
 }
 
+// The last step of every dense CPU GEMM: y[m * ldy + n] = v (+ bias[n]), v the output's
+// float32 sum, the bias added in float32, then one rounding to y's dtype.
+struct OutputStore {
+    qg_dtype y_dtype;
+    void* y;
+    int64_t ldy;
+    const void* bias;  // [N] or NULL
+    qg_dtype bias_dtype;
+    void operator()(int64_t m, int64_t n, float v) const {
+        if (bias != nullptr) v += load_float(bias_dtype, bias, n);
+        store_float(y_dtype, y, m * ldy + n, v);
+    }
+};
+template <class Args>
+OutputStore output_store(const Args* a) {
+    return OutputStore{a->y_dtype, a->y, a->ldy, a->bias, a->bias_dtype};
+}
+
 // n elements of dtype dt -> float (loops kept branch-free inside for vectorisation).
 inline void to_float_row(qg_dtype dt, const void* src, int64_t n, float* dst) {
     if (dt == QG_DTYPE_F16) {

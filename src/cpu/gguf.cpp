@@ -1,4 +1,4 @@
-// GGUF block formats on the CPU tier: y = x @ dequant(W)^T, W rows of GGUF blocks, on the
+// GGUF block formats on the CPU tier: y = x @ dequant(W)^T (+ bias), W rows of GGUF blocks, on the
 // int8 path (int8_gemm.h) or the fp32-exact one (dense_gemm.h): the cpu_precision option.
 #include "cpu/dense_gemm.h"
 #include "cpu/dequant.h"
@@ -17,7 +17,7 @@ void gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, const char* na
     const auto fdecode = [&](int64_t n, int64_t k0, int64_t kc, float* dst) {
         cpu::decode_row_blocks<Block>(w + n * ldw, k0 / E, kc / E, dst);
     };
-    const auto store = [&](int64_t m, int64_t n, float v) { cpu::store_float(a->y_dtype, a->y, m * a->ldy + n, v); };
+    const cpu::OutputStore store = cpu::output_store(a);
     if (!cpu::use_int8(ctx)) return cpu::dense_gemm(ctx, a->m, a->n, a->k, a->x_dtype, a->x, a->ldx, fdecode, store);
     cpu::log_int8("gguf", name, a->m, a->n, a->k);
     cpu::int8_gemm(

@@ -14,10 +14,7 @@ qg_status cpu_mxfp4_gemm(const qg_context* ctx, const qg_mxfp4_gemm_args* a) {
     const auto fdecode = [&](int64_t n, int64_t k0, int64_t kc, float* dst) {
         cpu::decode_mxfp4_row(row_blocks(n), a->scales + n * nblk, k0 / MXFP4_BLOCK, kc / MXFP4_BLOCK, dst);
     };
-    const auto store = [&](int64_t m, int64_t n, float v) {
-        if (a->bias != nullptr) v += cpu::load_float(a->bias_dtype, a->bias, n);
-        cpu::store_float(a->y_dtype, a->y, m * a->ldy + n, v);
-    };
+    const cpu::OutputStore store = cpu::output_store(a);
     if (!cpu::use_int8(ctx)) {
         cpu::dense_gemm(ctx, a->m, a->n, a->k, a->x_dtype, a->x, a->ldx, fdecode, store);
         return QG_OK;

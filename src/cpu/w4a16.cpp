@@ -1,4 +1,4 @@
-// W4A16 on the CPU tier: y = x @ dequant(W)^T, dequant(W)[n, k] = float(q - z) * float(s), on
+// W4A16 on the CPU tier: y = x @ dequant(W)^T (+ bias), dequant(W)[n, k] = float(q - z) * float(s), on
 // the int8 path (int8_gemm.h) or the fp32-exact one (dense_gemm.h): the cpu_precision option.
 #include "cpu/dense_gemm.h"
 #include "cpu/dequant.h"
@@ -18,7 +18,7 @@ qg_status cpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a) {
         cpu::decode_int4_row(a->qweight + n * (K / 8), scales_row(n), a->scale_dtype, qzeros, n, groups, G, k0, kc,
                              dst);
     };
-    const auto store = [&](int64_t m, int64_t n, float v) { cpu::store_float(a->y_dtype, a->y, m * a->ldy + n, v); };
+    const cpu::OutputStore store = cpu::output_store(a);
     if (!cpu::use_int8(ctx)) {
         cpu::dense_gemm(ctx, a->m, a->n, K, a->x_dtype, a->x, a->ldx, fdecode, store);
         return QG_OK;

@@ -111,7 +111,7 @@ void set_weight_fields(P& p, const Args& a) {
 // ================================================================ simt (portable, both layouts)
 
 bool simt_usable(const qg_context* ctx, const Args& a, const char** why) {
-    return gpu_context_only(ctx, why) && fits_int32(a, why);
+    return gpu_context_only(ctx, why) && gpu_no_bias(a, why) && fits_int32(a, why);
 }
 
 qg_status simt_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
@@ -141,7 +141,8 @@ int mma_resident(const qg_context* ctx, int x_type, int mt, int group_size) {
 
 // The mma tier copies x and qweight 16 bytes and scales 4 bytes (two groups) at a time.
 bool decode_mma_usable(const qg_context* ctx, const Args& a, const char** why) {
-    if (!gpu_context_only(ctx, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why)) return false;
+    if (!gpu_context_only(ctx, why) || !gpu_no_bias(a, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why))
+        return false;
     if (is_frag(a)) {
         *why = "reads the canonical layout (decode_frag serves the frag layout)";
         return false;
@@ -217,7 +218,8 @@ int frag_resident(const qg_context* ctx, int x_type, int mt, int group_size, boo
 }
 
 bool decode_frag_usable(const qg_context* ctx, const Args& a, const char** why) {
-    if (!gpu_context_only(ctx, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why)) return false;
+    if (!gpu_context_only(ctx, why) || !gpu_no_bias(a, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why))
+        return false;
     if (!is_frag(a)) {
         *why = "reads the frag layout (qg_w4a16_repack); decode_mma serves the canonical one";
         return false;

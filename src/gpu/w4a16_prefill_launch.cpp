@@ -18,7 +18,7 @@ typedef qg_w4a16_gemm_args Args;
 using launch_util::elem_type;
 
 bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
-    if (!wgmma_tier_usable(ctx, a.x, a.ldx, why)) return false;
+    if (!wgmma_tier_usable(ctx, a.x, a.ldx, why) || !gpu_no_bias(a, why)) return false;
     if (a.layout != QG_W4A16_LAYOUT_FRAG) {
         *why = "reads the frag layout (qg_w4a16_repack)";
         return false;
