@@ -385,7 +385,7 @@ def _ptr(v: DeviceView | None):
 # ---------------------------------------------------------------- gemm
 
 def gemm(x, w, out=None, out_dtype=None, ctx: Context | None = None, stream=None):
-    """y[..., N] = x[..., K] @ dequant(w)[N, K]^T (+ w.bias for MXFP4).
+    """y[..., N] = x[..., K] @ dequant(w)[N, K]^T (+ w.bias where the weight has one).
 
     x: numpy (CPU tier), a host or device array with __dlpack__ (torch, JAX, CuPy), a
     __cuda_array_interface__ object or a DeviceArray; fp16 / bf16 (fp32 too for GGUF and
@@ -470,6 +470,8 @@ class _GemmCall:
             yv, _ = _rows(result, "out", "N", allow_copy=False)
         y_dt = _act_dtype(yv, "out", y_valid)
         ldx, ldy = _ld(xv, "x"), _ld(yv, "out")
+        bias = ops.get("w.bias")
+        bias_dt = qg_dtype_of(bias.dtype) if bias is not None else DType.QG_DTYPE_F32
 
         if isinstance(w, Int4Weight):
             args = _lib.qg_w4a16_gemm_args(
@@ -478,20 +480,19 @@ class _GemmCall:
                 x=_ptr(xv), ldx=ldx, qweight=_ptr(ops["w.qweight"]), scales=_ptr(ops["w.scales"]),
                 qzeros=_ptr(ops.get("w.qzeros")), y=_ptr(yv), ldy=ldy,
                 layout=_lib.W4A16Layout.QG_W4A16_LAYOUT_FRAG if w.layout == "frag"
-                else _lib.W4A16Layout.QG_W4A16_LAYOUT_CANONICAL)
+                else _lib.W4A16Layout.QG_W4A16_LAYOUT_CANONICAL, bias=_ptr(bias), bias_dtype=bias_dt)
             query, launch = _lib.qg_w4a16_gemm_workspace_size, _lib.qg_w4a16_gemm
         elif isinstance(w, GGUFWeight):
             args = _lib.qg_gguf_gemm_args(
                 format=w.spec.qg_format, m=m, n=n, k=k, x_dtype=x_dt, y_dtype=y_dt,
-                x=_ptr(xv), ldx=ldx, w=_ptr(ops["w.raw"]), ldw=w.ldw, y=_ptr(yv), ldy=ldy)
+                x=_ptr(xv), ldx=ldx, w=_ptr(ops["w.raw"]), ldw=w.ldw, y=_ptr(yv), ldy=ldy,
+                bias=_ptr(bias), bias_dtype=bias_dt)
             query, launch = _lib.qg_gguf_gemm_workspace_size, _lib.qg_gguf_gemm
         else:
-            bias = ops.get("w.bias")
             args = _lib.qg_mxfp4_gemm_args(
                 m=m, n=n, k=k, x_dtype=x_dt, y_dtype=y_dt, x=_ptr(xv), ldx=ldx,
                 blocks=_ptr(ops["w.blocks"]), scales=_ptr(ops["w.scales"]), bias=_ptr(bias),
-                bias_dtype=qg_dtype_of(bias.dtype) if bias is not None else DType.QG_DTYPE_F32,
-                y=_ptr(yv), ldy=ldy)
+                bias_dtype=bias_dt, y=_ptr(yv), ldy=ldy)
             query, launch = _lib.qg_mxfp4_gemm_workspace_size, _lib.qg_mxfp4_gemm
         self.ctx, self.args, self.query, self.launch, self.stream, self.result = c, args, query, launch, s, result
         self._keep = (xv, yv, ops)   # the operands' owners stay alive as long as the call

@@ -40,8 +40,8 @@ shard() makes them:
     copy per row would be N calls for an [N, K/8] qweight. The shard lives where the weight
     does; to place it on another GPU, move it (.to_host().to_device(ctx)), or shard on the
     host before the weights go to their devices, as an engine loading a checkpoint does.
-Row-parallel parts of an MXFP4 weight with a bias: part 0 keeps the bias, the others have
-none, so that the all-reduce adds it once (as vLLM's RowParallelLinear does on rank 0).
+Row-parallel parts of a weight with a bias: part 0 keeps the bias, the others have none, so
+that the all-reduce adds it once (as vLLM's RowParallelLinear does on rank 0).
 """
 from __future__ import annotations
 
@@ -248,14 +248,15 @@ def plan(w, axis, parts, index) -> Plan:
     if isinstance(w, Int4Weight):
         copies = _int4_frag_copies(w, name, start, stop) if w.layout == "frag" else \
             _int4_copies(w, name, start, stop)
-        return Plan(name, start, stop, shape, copies)
-    if isinstance(w, GGUFWeight):
+    elif isinstance(w, GGUFWeight):
         n, row_bytes = int(w.raw.shape[0]), int(w.raw.shape[1])
         be, bb = w.spec.block_elems, w.spec.block_bytes  # k shards: whole blocks of bytes
         lo, hi = (start, stop) if name == "n" else (start // be * bb, stop // be * bb)
-        copy = _copy("raw", (n, row_bytes), 1, 0 if name == "n" else 1, lo, hi, row_pitch=w.ldw)
-        return Plan(name, start, stop, shape, (copy,))
-    return _mxfp4_plan(w, name, start, stop, count, index, shape)
+        copies = (_copy("raw", (n, row_bytes), 1, 0 if name == "n" else 1, lo, hi, row_pitch=w.ldw),)
+    else:
+        copies = _mxfp4_copies(w, name, start, stop)
+    bias, dropped = _bias_copies(w, name, start, stop, index)
+    return Plan(name, start, stop, shape, copies + bias, dropped)
 
 
 def _int4_copies(w, name: str, start: int, stop: int) -> tuple:
@@ -292,22 +293,26 @@ def _int4_frag_copies(w, name: str, start: int, stop: int) -> tuple:
                  if getattr(w, c) is not None)
 
 
-def _mxfp4_plan(w, name: str, start: int, stop: int, count: int, index: int, shape) -> Plan:
-    """blocks [..., N, K/32, 16], scales [..., N, K/32], bias [..., N] ("..." = E or nothing)."""
+def _mxfp4_copies(w, name: str, start: int, stop: int) -> tuple:
+    """blocks [..., N, K/32, 16], scales [..., N, K/32] ("..." = E or nothing)."""
     lead = len(w.shape) - 2
     ax = {"expert": 0, "n": lead, "k": lead + 1}[name]
     lo, hi = (start // 32, stop // 32) if name == "k" else (start, stop)
-    copies = [_copy("blocks", w.blocks.shape, 1, ax, lo, hi), _copy("scales", w.scales.shape, 1, ax, lo, hi)]
-    dropped = ()
-    if w.bias is not None:
-        it = np.dtype(w.bias.dtype).itemsize
-        if name != "k":
-            copies.append(_copy("bias", w.bias.shape, it, ax, start, stop))
-        elif index == 0:  # the all-reduce adds the parts: the bias goes to one of them
-            copies.append(_copy("bias", w.bias.shape, it, 0, 0, int(w.bias.shape[0])))
-        else:
-            dropped = ("bias",)
-    return Plan(name, start, stop, shape, tuple(copies), dropped)
+    return (_copy("blocks", w.blocks.shape, 1, ax, lo, hi), _copy("scales", w.scales.shape, 1, ax, lo, hi))
+
+
+def _bias_copies(w, name: str, start: int, stop: int, index: int) -> tuple:
+    """(copies, dropped) of the bias [..., N]: an expert or n part keeps its slice, a k part
+    all of it for part 0 and none after (the all-reduce adds the parts: the bias goes to one
+    of them)."""
+    if w.bias is None:
+        return (), ()
+    it = np.dtype(w.bias.dtype).itemsize
+    if name != "k":
+        return (_copy("bias", w.bias.shape, it, 0 if name == "expert" else len(w.bias.shape) - 1, start, stop),), ()
+    if index == 0:
+        return (_copy("bias", w.bias.shape, it, 0, 0, int(w.bias.shape[0])),), ()
+    return (), ("bias",)
 
 
 # ---------------------------------------------------------------- making the copies
@@ -356,14 +361,15 @@ def shard(w, axis, parts, index):
         ctx = gpu_context()
     if isinstance(w, GGUFWeight) and p.axis == "k" and not isinstance(w.raw, np.ndarray):
         # through the host, then rows padded as to_device() pads them (when the source's are)
-        raw = _host_slice(_to_host(w.raw, ctx), p.copies[0])
-        return GGUFWeight(w.format, raw, p.shape).to_device(ctx, row_align=16 if w.ldw % 16 == 0 else None)
+        host = {c.component: _host_slice(_to_host(getattr(w, c.component), ctx), c) for c in p.copies}
+        return GGUFWeight(w.format, host["raw"], p.shape, bias=host.get("bias")).to_device(
+            ctx, row_align=16 if w.ldw % 16 == 0 else None)
     arrays = {c.component: _take(getattr(w, c.component), c, ctx) for c in p.copies}
     if isinstance(w, Int4Weight):
         frag = w.layout == "frag"
         return Int4Weight(arrays["qweight"], arrays["scales"], arrays.get("qzeros"), w.group_size,
-                          layout=w.layout, shape=p.shape if frag else None)
+                          layout=w.layout, shape=p.shape if frag else None, bias=arrays.get("bias"))
     if isinstance(w, GGUFWeight):
-        return GGUFWeight(w.format, arrays["raw"], p.shape)
+        return GGUFWeight(w.format, arrays["raw"], p.shape, bias=arrays.get("bias"))
     assert isinstance(w, MXFP4Weight)
     return MXFP4Weight(arrays["blocks"], arrays["scales"], arrays.get("bias"))

@@ -65,6 +65,20 @@ def _require_contiguous(a, name: str):
     return a
 
 
+def _checked_bias(bias, lead: tuple):
+    """An optional bias of shape `lead` ([N], or [E, N] for stacked experts), as a component:
+    float32, float16 or bfloat16, C-contiguous (the ABI takes it without a stride)."""
+    bias = _component(bias, "bias")
+    if bias is None:
+        return None
+    bias = _require_contiguous(bias, "bias")
+    if np.dtype(bias.dtype) not in _BIAS_DTYPES:
+        raise _err(f"bias has dtype {dtype_name(bias.dtype)}; expected float32, float16 or bfloat16")
+    if tuple(bias.shape) != tuple(lead):
+        raise _err(f"bias has shape {tuple(bias.shape)}, expected {tuple(lead)}")
+    return bias
+
+
 def _where(a) -> tuple:
     """(on_device, context) of a component: numpy -> (False, None)."""
     if isinstance(a, np.ndarray):
@@ -152,14 +166,16 @@ class _Weight:
         """The same weight with every array copied into `ctx` (default_context()).
         Arrays already in that context are shared, not copied."""
         ctx = ctx if ctx is not None else default_context()
-        moved = {}
-        for n, a in self._components().items():
-            on_dev, c = _where(a)
-            if c is ctx or (on_dev and c is None and ctx.is_gpu):
-                moved[n] = a
-            else:
-                moved[n] = DeviceArray.from_numpy(_to_host(a, ctx), ctx)
-        return self._replace(**moved)
+        return self._replace(**{n: self._moved(a, ctx) for n, a in self._components().items()})
+
+    def _moved(self, a, ctx: Context):
+        """Component a in ctx: itself when it is there already, else a copy."""
+        if a is None:
+            return None
+        on_dev, c = _where(a)
+        if c is ctx or (on_dev and c is None and ctx.is_gpu):
+            return a
+        return DeviceArray.from_numpy(_to_host(a, ctx), ctx)
 
     def to_host(self):
         """The same weight with numpy arrays."""
@@ -168,6 +184,13 @@ class _Weight:
 
     def _host(self, name: str):
         return _to_host(getattr(self, name), self.ctx)
+
+    def with_bias(self, bias):
+        """The same weight (its arrays shared, not copied) with `bias` ([N], or [E, N] for
+        stacked experts; float32, float16 or bfloat16, where the weight's arrays are), which
+        pyquant.gemm adds; None drops it. The loaders never attach one: a checkpoint's
+        X.bias stays its own tensor, ckpt["X.weight"].with_bias(ckpt["X.bias"]) joins them."""
+        return self._replace(**{**self._components(), "bias": bias})
 
     # -- tensor / expert parallelism
     def shard(self, axis, parts, index: int):
@@ -217,18 +240,23 @@ class Int4Weight(_Weight):
 
     layout="frag" (made by .repack() or .to_device(); pyquant.formats.int4_frag and
     docs/w4a16-layout.md): the three planes qg_w4a16_repack writes, which the GPU decode
-    and prefill tiers read without any permutation; shape=(N, K) must be given."""
+    and prefill tiers read without any permutation; shape=(N, K) must be given.
+
+    Optional bias [N] (float32, float16 or bfloat16; a GPTQ / AWQ layer's .bias), added by
+    pyquant.gemm in either layout."""
 
     format = "int4"
-    _component_names = ("qweight", "scales", "qzeros")
+    _component_names = ("qweight", "scales", "qzeros", "bias")
 
     def __init__(self, qweight, scales, qzeros=None, group_size: int = 128, layout: str = "canonical",
-                 shape=None):
+                 shape=None, bias=None):
         if layout not in _INT4_LAYOUTS:
             raise _err(f"layout={layout!r} is not one of {', '.join(_INT4_LAYOUTS)}")
         self.layout = layout
         if layout == "frag":
             self._init_frag(qweight, scales, qzeros, group_size, shape)
+            self.bias = _checked_bias(bias, self.shape[:1])
+            self._check_location()
             return
         if shape is not None:
             raise _err("shape= is for the frag layout; a canonical weight's shape follows from qweight")
@@ -270,6 +298,7 @@ class Int4Weight(_Weight):
                 tuple(qzeros.shape) != (n // 8, k // g):
             raise _err(f"qzeros has shape {tuple(qzeros.shape)}, expected [N/8, K/G] = "
                        f"({n // 8}, {k // g})")
+        self.bias = _checked_bias(bias, (n,))
         self._check_location()
 
     @property
@@ -282,7 +311,8 @@ class Int4Weight(_Weight):
 
     def _replace(self, **arrays):
         return Int4Weight(arrays["qweight"], arrays["scales"], arrays.get("qzeros"), self.group_size,
-                          layout=self.layout, shape=self.shape if self.layout == "frag" else None)
+                          layout=self.layout, shape=self.shape if self.layout == "frag" else None,
+                          bias=arrays.get("bias"))
 
     def canonical_arrays(self) -> tuple:
         """(qweight, scales, qzeros) in the canonical layout, as numpy arrays (a frag weight
@@ -307,7 +337,7 @@ class Int4Weight(_Weight):
         if layout == "canonical":
             if self.is_device:
                 raise _err("repack to canonical runs on host weights; call .to_host() first")
-            return Int4Weight(*self.canonical_arrays(), self.group_size)
+            return Int4Weight(*self.canonical_arrays(), self.group_size, bias=self._host("bias"))
         on_dev = self.is_device
         ctx = self.ctx if self.ctx is not None else (gpu_context() if on_dev else cpu_context())
         n, k = self.shape
@@ -338,7 +368,7 @@ class Int4Weight(_Weight):
         _lib.qg_w4a16_repack(ctx.handle, ctypes.byref(args), stream_handle(stream))
         if on_dev:
             ctx.synchronize(stream)
-        return Int4Weight(out_q, out_s, out_z, self.group_size, layout="frag", shape=self.shape)
+        return Int4Weight(out_q, out_s, out_z, self.group_size, layout="frag", shape=self.shape, bias=self.bias)
 
     def to_device(self, ctx: Context | None = None, layout: str = "auto", stream=None) -> "Int4Weight":
         """The same weight in `ctx` (default_context()). layout="auto" gives a GPU context
@@ -350,7 +380,8 @@ class Int4Weight(_Weight):
         if layout not in _INT4_LAYOUTS:
             raise _err(f"layout={layout!r} is not one of auto, {', '.join(_INT4_LAYOUTS)}")
         if layout == "canonical" and self.layout == "frag":
-            return Int4Weight(*self.canonical_arrays(), self.group_size).to_device(ctx, "canonical")
+            return Int4Weight(*self.canonical_arrays(), self.group_size,
+                              bias=self._host("bias")).to_device(ctx, "canonical")
         moved = super().to_device(ctx)
         return moved.repack(layout, stream) if layout != moved.layout else moved
 
@@ -386,7 +417,6 @@ class Int4Weight(_Weight):
                 a = a.view(np.int32)
             arrays[name] = a
         self.qweight, self.scales, self.qzeros = arrays["qweight"], arrays["scales"], arrays["qzeros"]
-        self._check_location()
 
     @staticmethod
     def _group_size(k: int, groups: int, group_size) -> int:
@@ -397,7 +427,7 @@ class Int4Weight(_Weight):
         return k // groups
 
     @classmethod
-    def _from_canonical(cls, importer, group_size):
+    def _from_canonical(cls, importer, group_size, bias=None):
         """importer() -> canonical (qweight, scales, qzeros); its ValueErrors become
         InvalidArgumentError like every other refusal of the API."""
         try:
@@ -407,38 +437,40 @@ class Int4Weight(_Weight):
                 raise
             raise _err(str(e)) from None
         k = 8 * qweight.shape[1]
-        return cls(qweight, scales, qzeros, cls._group_size(k, scales.shape[1], group_size))
+        return cls(qweight, scales, qzeros, cls._group_size(k, scales.shape[1], group_size), bias=bias)
 
     @classmethod
-    def from_awq(cls, qweight, qzeros, scales, group_size=None) -> "Int4Weight":
-        """AutoAWQ GEMM tensors (qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N])."""
+    def from_awq(cls, qweight, qzeros, scales, group_size=None, bias=None) -> "Int4Weight":
+        """AutoAWQ GEMM tensors (qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N]; bias [N])."""
         return cls._from_canonical(lambda: _int4.from_awq(qweight, qzeros, scales, group_size),
-                                   group_size)
+                                   group_size, bias)
 
     @classmethod
-    def from_gptq(cls, qweight, qzeros, scales, group_size=None, g_idx=None) -> "Int4Weight":
-        """GPTQ tensors (qweight [K/8, N], qzeros [K/G, N/8] stored minus one, scales [K/G, N])."""
+    def from_gptq(cls, qweight, qzeros, scales, group_size=None, g_idx=None, bias=None) -> "Int4Weight":
+        """GPTQ tensors (qweight [K/8, N], qzeros [K/G, N/8] stored minus one, scales [K/G, N];
+        bias [N])."""
         return cls._from_canonical(
-            lambda: _int4.from_gptq(qweight, qzeros, scales, group_size, g_idx=g_idx), group_size)
+            lambda: _int4.from_gptq(qweight, qzeros, scales, group_size, g_idx=g_idx), group_size, bias)
 
     @classmethod
     def from_compressed_tensors(cls, weight_packed, weight_scale, weight_zero_point=None,
-                                group_size=None, g_idx=None) -> "Int4Weight":
+                                group_size=None, g_idx=None, bias=None) -> "Int4Weight":
         """compressed-tensors pack-quantized tensors (weight_packed [N, K/8], weight_scale
-        [N, K/G], weight_zero_point packed [N/8, K/G] or None)."""
+        [N, K/G], weight_zero_point packed [N/8, K/G] or None; bias [N])."""
         return cls._from_canonical(
             lambda: _int4.from_compressed_tensors(weight_packed, weight_scale, weight_zero_point,
-                                                  group_size=group_size, g_idx=g_idx), group_size)
+                                                  group_size=group_size, g_idx=g_idx), group_size, bias)
 
 
 class GGUFWeight(_Weight):
     """GGUF block-quantized weight: raw [N, row_bytes] uint8, each row K / block_elems
     blocks exactly as a .gguf file stores them. A numpy `raw` whose rows are padded
-    (row stride > row bytes) is passed with that stride as ldw."""
+    (row stride > row bytes) is passed with that stride as ldw. Optional bias [N] (float32,
+    float16 or bfloat16; the file's <name>.bias beside <name>.weight), added by pyquant.gemm."""
 
-    _component_names = ("raw",)
+    _component_names = ("raw", "bias")
 
-    def __init__(self, format: str, raw, shape=None):
+    def __init__(self, format: str, raw, shape=None, bias=None):
         spec = _format_spec(format)
         if spec.kind != "gguf":
             raise _err(f"format {spec.name!r} is not a GGUF block format "
@@ -477,6 +509,7 @@ class GGUFWeight(_Weight):
         if isinstance(raw, np.ndarray) and raw.strides[1] != 1:
             raw = np.ascontiguousarray(raw)
         self.raw = raw
+        self.bias = _checked_bias(bias, (n,))
         self._check_location()
 
     @property
@@ -486,10 +519,12 @@ class GGUFWeight(_Weight):
 
     @property
     def nbytes(self) -> int:
-        return int(self.raw.shape[0]) * int(self.raw.shape[1])
+        """The rows' block bytes (row padding excluded) + the bias."""
+        bias = 0 if self.bias is None else int(self.bias.nbytes)
+        return int(self.raw.shape[0]) * int(self.raw.shape[1]) + bias
 
     def _replace(self, **arrays):
-        return GGUFWeight(self.format, arrays["raw"], self.shape)
+        return GGUFWeight(self.format, arrays["raw"], self.shape, bias=arrays.get("bias"))
 
     def to_device(self, ctx: Context | None = None, row_align: int | None = 16):
         """The same weight in `ctx` (default_context()), each row starting `row_align`
@@ -506,7 +541,7 @@ class GGUFWeight(_Weight):
         padded = np.zeros((n, ldw), np.uint8)
         padded[:, :row_bytes] = self._host("raw")
         rows = DeviceArray.from_numpy(padded, ctx).window(0, 0, n, row_bytes)
-        return GGUFWeight(self.format, rows, self.shape)
+        return GGUFWeight(self.format, rows, self.shape, bias=self._moved(self.bias, ctx))
 
     def dequantize(self) -> np.ndarray:
         """float32 [N, K] through the numpy reference (bit-exact with gguf.quants)."""
@@ -526,7 +561,6 @@ class MXFP4Weight(_Weight):
     def __init__(self, blocks, scales, bias=None):
         blocks = _require_contiguous(_component(blocks, "blocks"), "blocks")
         scales = _require_contiguous(_component(scales, "scales"), "scales")
-        bias = _component(bias, "bias")
         for a, name in ((blocks, "blocks"), (scales, "scales")):
             if np.dtype(a.dtype) != np.uint8:
                 raise _err(f"{name} has dtype {dtype_name(a.dtype)}; MXFP4 {name} are uint8")
@@ -538,14 +572,7 @@ class MXFP4Weight(_Weight):
                        f"{tuple(blocks.shape[:-1])} (one E8M0 byte per 32-element block)")
         lead = tuple(int(s) for s in blocks.shape[:-2])
         self.shape = lead + (int(blocks.shape[-2]) * 32,)
-        if bias is not None:
-            bias = _require_contiguous(bias, "bias")
-            if np.dtype(bias.dtype) not in _BIAS_DTYPES:
-                raise _err(f"bias has dtype {dtype_name(bias.dtype)}; expected float32, float16 "
-                           "or bfloat16")
-            if tuple(bias.shape) != lead:
-                raise _err(f"bias has shape {tuple(bias.shape)}, expected {lead}")
-        self.blocks, self.scales, self.bias = blocks, scales, bias
+        self.blocks, self.scales, self.bias = blocks, scales, _checked_bias(bias, lead)
         self._check_location()
 
     @property

@@ -240,6 +240,47 @@ def test_gguf_to_device_pads_rows_to_16_bytes(rng, fmt, assert_close):
                  f"{fmt} rows padded by to_device")
 
 
+# ---------------------------------------------------------------- bias
+
+@pytest.mark.parametrize("fmt", ["int4", "int4-frag", *GGUF_FORMATS])
+@pytest.mark.parametrize("bias_name", ["fp32", "fp16", "bf16"])
+def test_bias_is_added_on_every_format(rng, fmt, bias_name, poisoned_output, assert_close):
+    """An Int4Weight (either layout) or GGUFWeight with a bias: y = x @ W^T + bias against the
+    reference, into a poisoned, guarded output, over M (the small-M and the panel kernels)
+    and both output dtypes. The bias is of the output's size (standard normal): an output
+    that left it out would miss by about its whole norm."""
+    n = 24
+    if fmt.startswith("int4"):
+        k, x_dt = 256, BF16
+        w = random_int4(rng, n, k, 64, False, F16)
+        w = w.repack() if fmt == "int4-frag" else w
+    else:
+        k, x_dt = 2 * F.get(fmt).block_elems, F32
+        w = random_gguf(rng, fmt, n, k)
+    w = w.with_bias(rng.standard_normal(n).astype(DTYPES[bias_name]))
+    assert w.nbytes == w.with_bias(None).nbytes + n * DTYPES[bias_name].itemsize
+    for i, m in enumerate((1, 3, 17)):
+        y_dt = (x_dt, F32)[i % 2]
+        check_gemm(random_x(rng, m, k, x_dt), w, y_dt, f"{fmt} bias={bias_name} y={y_dt} m={m}",
+                   poisoned_output, assert_close)
+
+
+def test_bias_is_checked_like_the_weight(rng):
+    """A bias of the wrong length, dtype or place is refused naming it."""
+    w = random_int4(rng, 16, 128, 32, True, F16)
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"bias has shape \(8,\), expected \(16,\)"):
+        w.with_bias(np.zeros(8, np.float32))
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"bias has dtype int32; expected float32"):
+        random_gguf(rng, "q8_0", 5, 32).with_bias(np.zeros(5, np.int32))
+
+    class FakeDevice:  # a foreign device array (never dereferenced: refused before any use)
+        __cuda_array_interface__ = {"shape": (16,), "typestr": "<f4", "data": (0x10000, False),
+                                    "version": 3, "strides": None}
+    with pytest.raises(pyquant.InvalidArgumentError,
+                       match=r"qweight, scales in host memory but bias in device memory"):
+        w.with_bias(FakeDevice())
+
+
 # ---------------------------------------------------------------- MXFP4 dense
 
 @pytest.mark.parametrize("x_name", ["fp32", "fp16", "bf16"])

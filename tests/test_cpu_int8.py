@@ -54,21 +54,22 @@ def block_elems(fmt: str) -> int:
 
 def make_weight(rng, fmt, n, k, group_size=64, symmetric=False, scale_dtype=F16, bias=False):
     """(pyquant weight, model args, model kwargs): random valid codes (every bit random),
-    scales small enough that fp16 outputs stay finite."""
+    scales small enough that fp16 outputs stay finite; with bias, a float32 bias [N]."""
+    b = rng.standard_normal(n).astype(np.float32) if bias else None
+    bkw = {} if b is None else {"bias": b}  # the model's kwarg (decompose takes none)
     if fmt == "int4":
         qweight = rng.integers(0, 2 ** 32, size=(n, k // 8), dtype=np.uint32).view(np.int32)
         scales = (rng.uniform(0.5, 2.0, size=(n, k // group_size)) * 2.0 ** -6).astype(scale_dtype)
         qzeros = None if symmetric else rng.integers(0, 2 ** 32, size=(n // 8, k // group_size),
                                                      dtype=np.uint32).view(np.int32)
-        w = pyquant.Int4Weight(qweight, scales, qzeros, group_size)
-        return w, (qweight, scales, qzeros), {"group_size": group_size}
+        w = pyquant.Int4Weight(qweight, scales, qzeros, group_size, bias=b)
+        return w, (qweight, scales, qzeros), {"group_size": group_size, **bkw}
     if fmt == "mxfp4":
         blocks = rng.integers(0, 256, size=(n, k // 32, 16), dtype=np.uint8)
         scales = rng.integers(127 - 8, 127, size=(n, k // 32), dtype=np.uint8)
-        b = rng.standard_normal(n).astype(np.float32) if bias else None
-        return pyquant.from_mxfp4(blocks, scales, b), (blocks, scales), {"bias": b}
+        return pyquant.from_mxfp4(blocks, scales, b), (blocks, scales), bkw
     raw = F.get(fmt).module.random_blocks(rng, n, k, d_range=(2.0 ** -10, 2.0 ** -6))
-    return pyquant.from_gguf(fmt, raw, shape=(n, k)), (raw,), {}
+    return pyquant.from_gguf(fmt, raw, shape=(n, k)).with_bias(b), (raw,), bkw
 
 
 def random_x(rng, m, k, dtype):
@@ -115,8 +116,8 @@ def x_dtypes(fmt):
 def test_library_matches_model_bitwise(rng, fmt, int8_ctx, poisoned_output, assert_bitwise_equal):
     for x_name in x_dtypes(fmt):
         x_dt = X_DTYPES[x_name]
-        for n, k in shapes(fmt):
-            w, args, kw = make_weight(rng, fmt, n, k, bias=(fmt == "mxfp4" and n % 2 == 1))
+        for j, (n, k) in enumerate(shapes(fmt)):
+            w, args, kw = make_weight(rng, fmt, n, k, bias=j % 2 == 1)  # each N with and without
             for i, m in enumerate(EDGE_MS):
                 y_dt = (x_dt, F32)[i % 2]
                 x = random_x(rng, m, k, x_dt)

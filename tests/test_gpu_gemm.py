@@ -483,3 +483,23 @@ def test_cupy_interop(rng, gpu_ctx, assert_close):
     y = pyquant.gemm(cupy.asarray(x), w)
     assert_close(cupy.asnumpy(cupy.asarray(y)), reference.gemm(x, wh.dequantize()),
                  w4a16_bound(256, F16), "cupy x, cupy reads y")
+
+
+@pytest.mark.parametrize("family", ["w4a16", "gguf"])
+def test_gpu_tiers_refuse_a_bias_until_they_add_one(rng, gpu_ctx, family, poisoned_output):
+    """The GPU tiers of W4A16 and GGUF add no bias yet (the CPU tier does): a weight with one
+    is refused with QG_ERR_UNSUPPORTED naming why, and nothing is written."""
+    _need(family)
+    if family == "w4a16":
+        w = pyquant.quantize(rng.standard_normal((64, 256)).astype(np.float32), "int4", group_size=128)
+        x_dt = BF16
+    else:
+        w = pyquant.from_gguf("q4_0", F.get("q4_0").module.random_blocks(rng, 64, 256), shape=(64, 256))
+        x_dt = F32
+    wd = w.with_bias(rng.standard_normal(64).astype(np.float32)).to_device(gpu_ctx)
+    xd = pyquant.DeviceArray.from_numpy(random_x(rng, 3, 256, x_dt), gpu_ctx)
+    g = poisoned_output(3, 64, x_dt, device_ctx=gpu_ctx)
+    with pytest.raises(pyquant.QuantGemmError, match=r"adds no bias yet") as e:
+        pyquant.gemm(xd, wd, out=g.y)
+    assert e.value.status_name == "QG_ERR_UNSUPPORTED"
+    assert g.unchanged()

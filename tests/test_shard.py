@@ -31,10 +31,18 @@ PARTS = (2, 4, 8)
 M = 5  # activation rows
 
 
-def _int4(g, symmetric, scale_dtype, layout="canonical"):
+def _int4(g, symmetric, scale_dtype, layout="canonical", bias_dtype=None):
     def make(rng, n, k):
         w = random_int4(rng, n, k, g, symmetric, scale_dtype)
+        if bias_dtype is not None:
+            w = w.with_bias(rng.standard_normal(n).astype(bias_dtype))
         return w.repack() if layout == "frag" else w
+    return make
+
+
+def _gguf_bias(fmt, bias_dtype):
+    def make(rng, n, k):
+        return random_gguf(rng, fmt, n, k).with_bias(rng.standard_normal(n).astype(bias_dtype))
     return make
 
 
@@ -46,6 +54,9 @@ CASES = {
     "int4-g32-sym-fp16": (_int4(32, True, F16), 64, 256),
     "int4-frag-g64-asym": (_int4(64, False, BF16, "frag"), 128, 1024),
     "int4-frag-g128-sym": (_int4(128, True, F16, "frag"), 128, 1024),
+    "int4-g64-asym-bias": (_int4(64, False, F16, bias_dtype=F32), 64, 512),
+    "int4-frag-g128-bias": (_int4(128, False, BF16, "frag", bias_dtype=BF16), 128, 1024),
+    "q4_K-bias": (_gguf_bias("q4_K", F16), 40, 2048),
     **{fmt: (lambda rng, n, k, fmt=fmt: random_gguf(rng, fmt, n, k), 40,
              8 * pyquant.formats.get(fmt).block_elems) for fmt in GGUF_FORMATS},
     "mxfp4": (lambda rng, n, k: random_mxfp4(rng, (n,), k), 40, 768),
@@ -105,7 +116,7 @@ def test_shards_reproduce_the_unsharded_gemm(rng, case, axis, parts, assert_clos
         xi = x[:, i * step:(i + 1) * step]
         partial += _gemm32(xi, s).astype(np.float32)  # the all-reduce: fp32, one part at a time
         parts_info.append((xi, s.dequantize(), reference.gemm(xi, s.dequantize(), _bias(s))))
-    if isinstance(w, pyquant.MXFP4Weight) and w.bias is not None:
+    if w.bias is not None:  # the all-reduce adds the parts' outputs: one part holds the bias
         assert shards[0].bias is not None and all(s.bias is None for s in shards[1:])
     reduced = all_reduce_error(parts_info)
     assert_close(partial, exact, reduced / np.linalg.norm(exact), f"{name}: summed parts vs exact")
@@ -161,7 +172,7 @@ def _gather(buf: np.ndarray, c) -> bytes:
 
 @pytest.mark.parametrize("axis", ["n", "k"])
 @pytest.mark.parametrize("case", ["int4-g128-asym-bf16", "int4-frag-g64-asym", "q6_K", "mxfp4-bias",
-                                  "gguf-padded-rows"])
+                                  "int4-frag-g128-bias", "q4_K-bias", "gguf-padded-rows"])
 def test_plan_copies_are_the_byte_slices(rng, case, axis):
     if case == "gguf-padded-rows":  # rows 16 bytes apart in host memory, as to_device() lays them
         raw = pyquant.formats.get("q6_K").module.random_blocks(rng, 40, 1024)  # rows of 840 bytes
@@ -321,7 +332,8 @@ def _same_bytes(a, b) -> bool:
     return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
-DEVICE_CASES = ["int4-g128-asym-bf16", "int4-frag-g64-asym", "q6_K", "q4_K", "mxfp4-bias"]
+DEVICE_CASES = ["int4-g128-asym-bf16", "int4-frag-g64-asym", "q6_K", "q4_K", "mxfp4-bias", "int4-frag-g128-bias",
+                "q4_K-bias"]
 
 
 def _device_shards(rng, ctx, case, axis):
