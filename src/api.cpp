@@ -214,9 +214,10 @@ const char* version_sizes() {
     thread_local char buf[96];
     constexpr size_t versions = sizeof(ArgsInfo<T>::sizes) / sizeof(ArgsInfo<T>::sizes[0]);
     int used = 0;
-    for (size_t v = 0; v < versions && used < (int)sizeof(buf); ++v)
-        used += snprintf(buf + used, sizeof(buf) - (size_t)used, "%s%zu", v == 0 ? "" : v + 1 == versions ? " or " : ", ",
-                         ArgsInfo<T>::sizes[v]);
+    for (size_t v = 0; v < versions && used < (int)sizeof(buf); ++v) {
+        const char* sep = v == 0 ? "" : v + 1 == versions ? " or " : ", ";
+        used += snprintf(buf + used, sizeof(buf) - (size_t)used, "%s%zu", sep, ArgsInfo<T>::sizes[v]);
+    }
     if (used < (int)sizeof(buf)) snprintf(buf + used, sizeof(buf) - (size_t)used, " bytes");
     return buf;
 }
