@@ -2,8 +2,9 @@
 the exact product of the reference weights (marked `gpu`: skipped without a GPU, and where
 the tier does not run: builds without sm_90a, GPUs other than sm_90).
 
-Every format of the registry, bf16 x, y in bf16 and fp32, M around and past the 128-token
-tile (1, 17, 130, 300), N past the 128-row tile (200), K not a multiple of the 64-k step or
+Every format of the registry, bf16 x, y in bf16 and fp32, M around and past the 128- and
+256-token tiles and the auto policy's 8- and 16-row limits (1, 9, 16, 17, 100, 130, 300, 517:
+a 5-token tail past 512), N past the 128-row tile (200), K not a multiple of the 64-k step or
 of the 256-element chunk where the format allows it; rows of the weight 16-byte padded (as
 GGUFWeight.to_device lays them) and unpadded, 2 bytes off a word; guard bands around y;
 auto taking the tier above 8 rows of bf16 x. Bounds: pyquant.formats.bf16_tile (rigorous).
@@ -71,7 +72,7 @@ def test_gguf_prefill_every_format(rng, gpu_ctx, fmt, poisoned_output):
     raw = spec.module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
     w = pyquant.from_gguf(fmt, raw, shape=(n, k))
     wd, w_deq = w.to_device(gpu_ctx), w.dequantize()
-    for i, m in enumerate((1, 17, 130, 300)):
+    for i, m in enumerate((1, 9, 16, 17, 100, 130, 300, 517)):
         y_dt = (BF16, F32)[i % 2]
         x = rng.standard_normal((m, k)).astype(np.float32).astype(BF16)
         xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
