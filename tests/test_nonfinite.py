@@ -110,7 +110,18 @@ def padded(rng, rows, cols, pad, dt):
 WHERE = ["x", "weights", "x+weights", "padding-only", "all-x"]
 
 
-def w4a16_run(rng, where, xdt, ydt, gemm):
+def biased(rng, n, where, bias):
+    """(scalars, arrays, reference bias) of a GEMM's optional bias [N]: fp32, with two
+    non-finite values where the weights get theirs; none when bias is False."""
+    if not bias:
+        return {}, {}, None
+    b = rng.standard_normal(n).astype(np.float32)
+    if where in ("weights", "x+weights"):
+        plant(rng, b, 2)
+    return {"bias_dtype": F32}, {"bias": b}, b
+
+
+def w4a16_run(rng, where, xdt, ydt, gemm, bias=True):
     m, n, k, G, pad = 5, 48, 256, 64, 8
     W = rng.standard_normal((n, k)).astype(np.float32)
     qw, sc, qz = int4.quantize(W, group_size=G, scale_dtype="bf16" if xdt == BF16 else "fp16")
@@ -119,15 +130,16 @@ def w4a16_run(rng, where, xdt, ydt, gemm):
         plant(rng, x[:, :k], 3)
     if where in ("weights", "x+weights"):
         plant(rng, sc, 2)
+    bs, ba, b = biased(rng, n, where, bias)
     if where == "all-x":
         x[:, :k] = np.array(rng.choice(np.array(NONFINITE), size=(m, k))).astype(x.dtype)
     y = gemm("w4a16", dict(m=m, n=n, k=k, group_size=G, x_dtype=xdt, y_dtype=ydt,
-                           scale_dtype=BF16 if xdt == BF16 else F16, zero_dtype=5),
-             dict(x=x, qweight=qw, scales=sc, qzeros=qz), ldx=k + pad, out=(m, n, ydt))
-    return y, reference.gemm(x[:, :k], int4.dequantize(qw, sc, qz, G))
+                           scale_dtype=BF16 if xdt == BF16 else F16, zero_dtype=5, **bs),
+             dict(x=x, qweight=qw, scales=sc, qzeros=qz, **ba), ldx=k + pad, out=(m, n, ydt))
+    return y, reference.gemm(x[:, :k], int4.dequantize(qw, sc, qz, G), b)
 
 
-def gguf_run(rng, where, xdt, ydt, gemm, fmt):
+def gguf_run(rng, where, xdt, ydt, gemm, fmt, bias=True):
     spec = FORMATS[fmt]
     m, n, pad = 4, 40, 8
     k = spec.block_elems * (2 if spec.block_elems == 256 else 8)
@@ -147,9 +159,10 @@ def gguf_run(rng, where, xdt, ydt, gemm, fmt):
         plant(rng, x[:, :k], 3)
     if where == "all-x":
         x[:, :k] = np.array(rng.choice(np.array(NONFINITE), size=(m, k))).astype(x.dtype)
-    y = gemm("gguf", dict(format=spec.qg_format, m=m, n=n, k=k, x_dtype=xdt, y_dtype=ydt, ldw=ldw),
-             dict(x=x, w=w), ldx=k + pad, out=(m, n, ydt))
-    return y, reference.gemm(x[:, :k], spec.module.dequantize(np.ascontiguousarray(w[:, :row])))
+    bs, ba, b = biased(rng, n, where, bias)
+    y = gemm("gguf", dict(format=spec.qg_format, m=m, n=n, k=k, x_dtype=xdt, y_dtype=ydt, ldw=ldw, **bs),
+             dict(x=x, w=w, **ba), ldx=k + pad, out=(m, n, ydt))
+    return y, reference.gemm(x[:, :k], spec.module.dequantize(np.ascontiguousarray(w[:, :row])), b)
 
 
 def mxfp4_run(rng, where, xdt, ydt, gemm):
@@ -376,14 +389,15 @@ def test_gpu(gpu, rng, where, family):
     scale gives +-inf where the reference, which scales each weight first, has
     (q - z) * inf = NaN for q = z (docs/guarantees.md)."""
     gemm = gpu_gemm_with(gpu)
+    # the GPU tiers of W4A16 and GGUF add no bias yet (QG_ERR_UNSUPPORTED; branch gpu-bias)
     if family == "w4a16":
-        y, ref = w4a16_run(rng, where, F16, F16, gemm)
+        y, ref = w4a16_run(rng, where, F16, F16, gemm, bias=False)
         ydt = F16
     elif family == "mxfp4":
         y, ref = mxfp4_run(rng, where, F16, F16, gemm)
         ydt = F16
     else:
-        y, ref = gguf_run(rng, where, F16, F32, gemm, family)
+        y, ref = gguf_run(rng, where, F16, F32, gemm, family, bias=False)
         ydt = F32
     # GGUF on the GPU: the int8 tier (auto) turns a slice of x holding NaN or inf into
     # dx = NaN, and the float tier factors q4_K's min out of the block sum, so NaN may
