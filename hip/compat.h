@@ -34,9 +34,16 @@ __device__ __forceinline__ float qg_fsub_rn(float a, float b) {
 #pragma clang fp contract(off)
     return a - b;
 }
+// Device-scope release RMW (*p += v, returns the old value) and acquire fence: the arrival
+// of a block that is done with shared data, and the last arrival's claim on it.
+__device__ __forceinline__ unsigned qg_atomic_add_release_gpu(unsigned* p, unsigned v) {
+    return __hip_atomic_fetch_add(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+}
+__device__ __forceinline__ void qg_fence_acquire_gpu() { __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "agent"); }
 
 #else
 // ------------------------------------------------------------------ CUDA (nvcc)
+#include <cuda/atomic>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #define QG_GPU_CUDA 1
@@ -46,6 +53,15 @@ constexpr bool kGpuIsCuda = true;
 #define qg_sync_warp() __syncwarp()
 #define qg_fmul_rn(a, b) __fmul_rn((a), (b))   // nvcc never contracts these into an FMA
 #define qg_fsub_rn(a, b) __fsub_rn((a), (b))
+// Device-scope release RMW and acquire fence (see the HIP side). In SASS (sm_90) the release
+// RMW is MEMBAR.ALL.GPU and the atomic; __threadfence() is MEMBAR.SC.GPU plus an L1
+// invalidation (CCTL.IVALL) that every other block on the SM pays for.
+__device__ __forceinline__ unsigned qg_atomic_add_release_gpu(unsigned* p, unsigned v) {
+    return cuda::atomic_ref<unsigned, cuda::thread_scope_device>(*p).fetch_add(v, cuda::memory_order_release);
+}
+__device__ __forceinline__ void qg_fence_acquire_gpu() {
+    cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+}
 
 // runtime types and constants
 #define hipError_t cudaError_t

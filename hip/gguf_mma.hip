@@ -557,13 +557,17 @@ __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
         else p.partial[((int64_t)split * MP + m) * p.n + n] = acc[i];
     }
 
-    // The prepared x of this split is read by gridDim.x blocks; the last to finish zeroes it
-    // (the fence orders this block's reads of it before its arrival, formally).
-    __threadfence();
+    // The prepared x of this split is read by gridDim.x blocks; the last to finish zeroes it.
+    // One thread arrives with a release RMW after the barrier (which orders every thread's
+    // reads of it before the arrival), the last block acquires before it writes. Not a
+    // __threadfence() in every thread of every block: that is MEMBAR.SC.GPU and an L1
+    // invalidation (CCTL.IVALL) per block, added after the 2026-11-30 golden rows (q8_0,
+    // q4_0, q4_K decode 3.3-5.7 % slower since; bench/NOTES.md "GGUF decode").
     __syncthreads();
-    if (threadIdx.x == 0) s_last_split = atomicAdd(&p.split_count[split], 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) s_last_split = qg_atomic_add_release_gpu(&p.split_count[split], 1u) == gridDim.x - 1;
     __syncthreads();
     if (s_last_split) {
+        qg_fence_acquire_gpu();
         const int64_t j0 = (int64_t)kb0 * (B::BE / 32), j1 = (int64_t)kb1 * (B::BE / 32);
         uint4* z = reinterpret_cast<uint4*>(p.xp + j0 * Slice<MP>::kBytes);
         const int64_t words = (j1 - j0) * (Slice<MP>::kBytes / 16);
