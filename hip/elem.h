@@ -35,4 +35,18 @@ __device__ __forceinline__ void store_out(void* y, int64_t idx, float v, int typ
     }
 }
 
+// The optional bias [N] of a GEMM's output (p == nullptr: none), of type ELEM_*.
+struct BiasRef {
+    const void* p;
+    int type;
+};
+
+// v + bias[n] in fp32 (the CPU tier's order: the sum, then the output's one rounding); v
+// itself without a bias (adding 0 would turn -0 into +0).
+__device__ __forceinline__ float add_bias(float v, const BiasRef& b, int64_t n) {
+    if (b.p == nullptr) return v;
+    if (b.type == ELEM_F32) return v + static_cast<const float*>(b.p)[n];
+    return v + bits_to_float(static_cast<const uint16_t*>(b.p)[n], b.type);
+}
+
 }  // namespace qg

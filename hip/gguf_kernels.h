@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "compat.h"
+#include "elem.h"
 #include "quantgemm.h"
 #include "formats/blocks.h"
 
@@ -176,6 +177,7 @@ struct DecodeParams {
     int load_bytes;       // 16, 8, 4 or 2: global load width for W
     int split_k;          // == gridDim.y
     int kxb;              // blocks of K staged per x chunk (>= blocks of a split: one chunk)
+    BiasRef bias;         // [N], added to each output once (after the split sum)
 };
 
 // gguf_decode_kernel<FMT, MT, ASYNC>(DecodeParams): every format of QG_GGUF_FORMATS x
@@ -314,6 +316,7 @@ struct MmaParams {
     uint32_t* tile_count;   // [gridDim.x] arrival counters (split_k > 1)
     uint32_t* split_count;  // [split_k] finished blocks per split (prepared-x zeroing)
     int n, nb, m_valid, y_dtype, split_k;
+    BiasRef bias;           // [N], added to each output once (after the split sum)
 };
 
 // gguf_mma_kernel<FMT, MP>(MmaParams): every format of QG_GGUF_FORMATS x QG_GGUF_MMA_MPS;
@@ -379,6 +382,7 @@ struct PrefillParams {
     int k_steps;           // ceil(K / 64)
     int chunks;            // ceil(K / 256)
     int y_type;            // ELEM_BF16 or ELEM_F32
+    BiasRef bias;          // [N]
 };
 
 // gguf_prefill_kernel<FMT, BN>(tmap_x, params): every format of QG_GGUF_FORMATS x

@@ -267,7 +267,8 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                     for (int i = 0; i < 4; ++i) {
                         const int m = mt * 8 + 2 * t + (i & 1);
                         const int n = n_tile + (warp * FRAG_RB_PER_WARP + r) * 16 + g + ((i & 2) ? 8 : 0);
-                        if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, acc[r][mt][i], p.y_type);
+                        if (m < p.m && n < p.n)
+                            store_out(p.y, m * p.ldy + n, add_bias(acc[r][mt][i], p.bias, n), p.y_type);
                         acc[r][mt][i] = 0.f;
                     }
             return;
@@ -307,7 +308,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                 const float vs[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    if (n + e < p.n) store_out(p.y, m * p.ldy + n + e, vs[e], p.y_type);
+                    if (n + e < p.n) store_out(p.y, m * p.ldy + n + e, add_bias(vs[e], p.bias, n + e), p.y_type);
             }
             if (tid == 0) p.counters[cur_rt] = 0;
         }

@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(MMA_THREADS) decode_mma(const Params p) {
                 for (int i = 0; i < 4; ++i) {
                     const int m = mt * 8 + 2 * t + (i & 1);
                     const int n = n_warp + g + ((i & 2) ? 8 : 0);
-                    if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, acc[mt][i], p.y_type);
+                    if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, add_bias(acc[mt][i], p.bias, n), p.y_type);
                     acc[mt][i] = 0.f;
                 }
             continue;
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(MMA_THREADS) decode_mma(const Params p) {
                     vpart[c * (16 * ROWS_PER_BLOCK) + i] = 0.f;
                 }
                 const int n = n_block + i % ROWS_PER_BLOCK;
-                if (n < p.n) store_out(p.y, (i / ROWS_PER_BLOCK) * p.ldy + n, v, p.y_type);
+                if (n < p.n) store_out(p.y, (i / ROWS_PER_BLOCK) * p.ldy + n, add_bias(v, p.bias, n), p.y_type);
             }
             if (tid == 0) p.counters[cur_rb] = 0;
         }

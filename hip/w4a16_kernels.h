@@ -34,6 +34,7 @@ struct Params {
     int y_type;              // ELEM_F16, ELEM_BF16 or ELEM_F32
     int row_blocks;          // ceil(N / 64): blocks of weight rows (decode_mma)
     int max_contributors;    // most persistent blocks sharing one row block (decode_mma)
+    BiasRef bias;            // [N], added to each output once (after the split sum)
 };
 
 constexpr int MMA_WARPS = 4;
@@ -83,6 +84,7 @@ struct SimtParams {
     int group_size;
     int x_type, scale_type, y_type;
     int frag;                // 1: the three pointers are frag planes
+    BiasRef bias;            // [N]
 };
 constexpr int SIMT_THREADS = 128;
 constexpr int SIMT_MAX_M = 16;
@@ -105,6 +107,7 @@ struct FragParams {
     int scale_type;          // ELEM_F16 or ELEM_BF16
     int y_type;              // ELEM_F16, ELEM_BF16 or ELEM_F32
     int max_contributors;    // most thread blocks sharing one row tile
+    BiasRef bias;            // [N], added to each output once (after the split sum)
 };
 
 // Thread block: 8 warps, each owning 2 row blocks (32 weight rows): 256 rows per block.
@@ -159,6 +162,7 @@ struct PrefillParams {
     int row_blocks;           // RB = Np / 16
     int scale_type;           // ELEM_F16 or ELEM_BF16
     int y_type;               // ELEM_F16, ELEM_BF16 or ELEM_F32
+    BiasRef bias;             // [N]
 };
 constexpr int PF_THREADS = 256;
 constexpr int PF_ROWS = 128;          // weight rows per block

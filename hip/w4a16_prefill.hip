@@ -215,7 +215,8 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
         for (int i = 0; i < 4; ++i) {
             const int tok = tok0 + 8 * j + 2 * t + (i & 1);
             const int n = n0 + 8 * (i >> 1);
-            if (tok < p.m && n < p.n) store_out(p.y, static_cast<int64_t>(tok) * p.ldy + n, acc.d[4 * j + i], p.y_type);
+            if (tok < p.m && n < p.n)
+                store_out(p.y, static_cast<int64_t>(tok) * p.ldy + n, add_bias(acc.d[4 * j + i], p.bias, n), p.y_type);
         }
 #else
     // Built without sm_90a: the host gate (sm_90a in the build, compute capability 9.0)

@@ -217,8 +217,8 @@ typedef enum qg_w4a16_layout QG_ENUM_BASE {
  * G in {32, 64, 128}; K % G == 0; N % 8 == 0. x and y fp16 or bf16 (y may be fp32).
  * With layout = QG_W4A16_LAYOUT_FRAG, qweight, scales and qzeros point at the three planes
  * written by qg_w4a16_repack for the same n, k, group_size (qzeros NULL = symmetric).
- * bias, when given, is added to each output's float32 sum before its one rounding to y_dtype;
- * so far the CPU tier adds it and the GPU tiers refuse it (QG_ERR_UNSUPPORTED).
+ * bias, when given, is added to each output's float32 sum (after any split-K reduction) before
+ * its one rounding to y_dtype, on every tier.
  */
 typedef struct qg_w4a16_gemm_args {
     size_t size;            /* sizeof(qg_w4a16_gemm_args) */
@@ -279,8 +279,8 @@ QG_API qg_status qg_w4a16_repack(qg_context* ctx, const qg_w4a16_repack_args* ar
  * a .gguf file stores them (ldw >= (K / block_elems) * block_bytes, ldw even and w 2-byte
  * aligned: the blocks hold fp16 scales). K % block_elems == 0.
  * x fp32, fp16 or bf16; y x_dtype or fp32. Any N >= 1.
- * bias, when given, is added to each output's float32 sum before its one rounding to y_dtype;
- * so far the CPU tier adds it and the GPU tiers refuse it (QG_ERR_UNSUPPORTED).
+ * bias, when given, is added to each output's float32 sum (after any split-K reduction) before
+ * its one rounding to y_dtype, on every tier.
  */
 typedef struct qg_gguf_gemm_args {
     size_t size;         /* sizeof(qg_gguf_gemm_args) */

@@ -74,15 +74,6 @@ inline bool on_gpu(const qg_context* ctx) { return ctx->backend != QG_BACKEND_CP
 bool cpu_context_only(const qg_context* ctx, const char** why);
 bool gpu_context_only(const qg_context* ctx, const char** why);
 
-// The GPU tiers of W4A16 and GGUF add no bias yet (the CPU tier does, src/cpu/convert.h
-// OutputStore): with one, they are not usable and `why` says so.
-template <class Args>
-bool gpu_no_bias(const Args& a, const char** why) {
-    if (a.bias == nullptr) return true;
-    *why = "adds no bias yet (of the W4A16 and GGUF tiers only the CPU tier does)";
-    return false;
-}
-
 // True when `t` is usable for `a` (the policy functions ask before they pick).
 template <class Args>
 bool usable(const Tier<Args>& t, const qg_context* ctx, const Args& a) {

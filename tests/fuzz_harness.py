@@ -785,14 +785,6 @@ def bias_input(rng, mem, spec, rows):
     return ptr, (None if spec["ptr"]["bias"] == "null" else bias.astype(np.float64))
 
 
-def without_gpu_bias(spec, env):
-    """The GPU tiers of W4A16 and GGUF add no bias yet (QG_ERR_UNSUPPORTED): their GPU fuzz
-    leaves it out."""
-    if isinstance(env, GpuEnv) and spec["ptr"]["bias"] != "null":
-        return {**spec, "ptr": {**spec["ptr"], "bias": "null"}}
-    return spec
-
-
 def with_bias(ref, abs_ref, bias):
     """The reference and its magnitude with a bias added (None: unchanged)."""
     if bias is None:

@@ -21,7 +21,7 @@ from fuzz_harness import (  # noqa: E402
     check_misaligned_args_refused, common_expect, drive, examples, float_input,
     force_fault_next_to_huge, gemm_sizes_expect, is_sane, output_matrix, ptr_mutation, rng_of,
     run_case, run_gpu_case, small, workspace_step, bias_dtype_mutation, bias_expect, bias_input, bias_spec,
-    has_bias, with_bias, without_gpu_bias,
+    has_bias, with_bias,
 )
 from fuzz_harness import fuzz_worker, gpu_env  # noqa: E402,F401 (fixtures: the worker, the GPU context)
 from pyquant import _lib as L  # noqa: E402
@@ -117,7 +117,6 @@ def gguf_expect(s, pointers=True):
 
 
 def gguf_case(s, env=CPU_ENV):
-    s = without_gpu_bias(s, env)
     rng, mem = rng_of(s), env.mem(rng_of(s))
     exp = gguf_expect(s)
     sane = is_sane(exp, s, ("m", "n", "k", "ldx", "ldy", "ldw"))
@@ -156,21 +155,24 @@ def gguf_case(s, env=CPU_ENV):
             return
         w = fs.module.dequantize(np.ascontiguousarray(raw))
         ref = reference.gemm(x_dense, w)
+        ref_b, abs_ref = with_bias(ref, reference.gemm(np.abs(x_dense), np.abs(w)), bias)
         if isinstance(env, GpuEnv):
             # the GPU's default tiers: the int8 tier quantizes x per 32 elements (held to the
             # exact product within that quantization's rigorous bound, pyquant.formats.int8_act,
             # plus the fp32 terms of assert_close); above 8 rows of bf16 x on sm_90 the prefill
-            # tier rounds each weight to bf16 (pyquant.formats.bf16_tile): either may have run
+            # tier rounds each weight to bf16 (pyquant.formats.bf16_tile): either may have run.
+            # A bias moves the output's one rounding: u_y |ref + b| <= u_y (|ref| + |b|).
             xq = np.ascontiguousarray(x_dense)
+            u2 = 2 * UNIT_ROUNDOFF[ydt]
+            with_b = 0.0 if bias is None else u2 * np.abs(bias)[None, :]
             bound = (int8_act.exact_error_bound(xq, fs.name, np.ascontiguousarray(raw))
-                     + 2 * UNIT_ROUNDOFF[ydt] * np.abs(ref)
+                     + u2 * np.abs(ref) + with_b
                      + 4 * k * U32 * reference.gemm(np.abs(x_dense), np.abs(w)))
             if xdt == BF16 and am > 8:
-                bound = np.maximum(bound, bf16_tile.error_bound(xq, w, 2 * UNIT_ROUNDOFF[ydt]))
-            assert_elementwise(y, ref, bound, f"y ({fs.name}, GPU)", what="reference")
+                bound = np.maximum(bound, bf16_tile.error_bound(xq, w, u2) + with_b)
+            assert_elementwise(y, ref_b, bound, f"y ({fs.name}, GPU)", what="reference")
             return
-        ref, abs_ref = with_bias(ref, reference.gemm(np.abs(x_dense), np.abs(w)), bias)
-        assert_close(f"y ({fs.name})", y, ref, ydt, abs_ref, k)
+        assert_close(f"y ({fs.name})", y, ref_b, ydt, abs_ref, k)
     return drive("qg_gguf_gemm", lambda: call(L.qg_gguf_gemm, ctx, pa, None), exp, mem, verify)
 
 

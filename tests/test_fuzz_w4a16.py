@@ -20,7 +20,7 @@ from fuzz_harness import (  # noqa: E402
     check_misaligned_args_refused, common_expect, drive, examples, float_input,
     force_fault_next_to_huge, gemm_sizes_expect, is_sane, output_matrix, ptr_mutation, rng_of,
     run_case, run_gpu_case, small, workspace_step, bias_dtype_mutation, bias_expect, bias_input, bias_spec,
-    has_bias, reads_field, with_bias, without_gpu_bias,
+    has_bias, reads_field, with_bias,
 )
 from fuzz_harness import fuzz_worker, gpu_env  # noqa: E402,F401 (fixtures: the worker, the GPU context)
 from pyquant import _lib as L  # noqa: E402
@@ -114,7 +114,6 @@ def w4a16_expect(s, pointers=True):
 
 
 def w4a16_case(s, env=CPU_ENV):
-    s = without_gpu_bias(s, env)
     rng, mem = rng_of(s), env.mem(rng_of(s))
     exp = w4a16_expect(s)
     sane = is_sane(exp, s, ("m", "n", "k", "ldx", "ldy"))

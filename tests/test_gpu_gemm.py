@@ -485,21 +485,46 @@ def test_cupy_interop(rng, gpu_ctx, assert_close):
                  w4a16_bound(256, F16), "cupy x, cupy reads y")
 
 
-@pytest.mark.parametrize("family", ["w4a16", "gguf"])
-def test_gpu_tiers_refuse_a_bias_until_they_add_one(rng, gpu_ctx, family, poisoned_output):
-    """The GPU tiers of W4A16 and GGUF add no bias yet (the CPU tier does): a weight with one
-    is refused with QG_ERR_UNSUPPORTED naming why, and nothing is written."""
-    _need(family)
-    if family == "w4a16":
-        w = pyquant.quantize(rng.standard_normal((64, 256)).astype(np.float32), "int4", group_size=128)
-        x_dt = BF16
+def _to_16(y32: np.ndarray, dt) -> np.ndarray:
+    """fp32 -> fp16 / bf16, round to nearest even (numpy's and ml_dtypes' casts)."""
+    return y32.astype(dt)
+
+
+@pytest.mark.parametrize("family", ["w4a16-frag", "w4a16-canonical", "gguf-q4_K", "gguf-q8_0", "gguf-iq3_xxs"])
+@pytest.mark.parametrize("bias_dt", [F32, F16, BF16], ids=["b_fp32", "b_fp16", "b_bf16"])
+def test_gpu_bias_is_added_once_in_the_epilogue(rng, gpu_ctx, family, bias_dt, assert_bitwise_equal):
+    """Every tier, M through decode (1, 5), 16-row decode launches and prefill (17, 40, 300),
+    W4A16 split-K forced too: the fp32 output with a bias is fl(y + bias) of the same call's
+    output without one, bit for bit (the epilogue adds the bias to the fp32 sum, after the
+    split-K reduction), and a 16-bit output is that fp32 value rounded once."""
+    kind = family.split("-")[0]
+    _need(kind)
+    n = 200
+    if kind == "w4a16":
+        k, x_dt = 512, BF16
+        w = random_int4(rng, n, k, 128, False, BF16).to_device(gpu_ctx, layout=family.split("-")[1])
     else:
-        w = pyquant.from_gguf("q4_0", F.get("q4_0").module.random_blocks(rng, 64, 256), shape=(64, 256))
-        x_dt = F32
-    wd = w.with_bias(rng.standard_normal(64).astype(np.float32)).to_device(gpu_ctx)
-    xd = pyquant.DeviceArray.from_numpy(random_x(rng, 3, 256, x_dt), gpu_ctx)
-    g = poisoned_output(3, 64, x_dt, device_ctx=gpu_ctx)
-    with pytest.raises(pyquant.QuantGemmError, match=r"adds no bias yet") as e:
-        pyquant.gemm(xd, wd, out=g.y)
-    assert e.value.status_name == "QG_ERR_UNSUPPORTED"
-    assert g.unchanged()
+        fmt = family.split("-")[1]
+        k, x_dt = 512, BF16
+        raw = F.get(fmt).module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
+        w = pyquant.from_gguf(fmt, raw, shape=(n, k)).to_device(gpu_ctx)
+    b = rng.standard_normal(n).astype(np.float32).astype(bias_dt)
+    wb = w.with_bias(pyquant.DeviceArray.from_numpy(b, gpu_ctx))
+    splits = (0, 3) if kind == "w4a16" else (0,)
+    for m in (1, 5, 17, 40, 300):
+        xd = pyquant.DeviceArray.from_numpy(random_x(rng, m, k, x_dt), gpu_ctx)
+
+        def check(tier):
+            for split in splits:
+                if kind == "w4a16":
+                    gpu_ctx.set_option("split_k", split)
+                name = f"{family} tier={tier} split_k={split} m={m} bias={bias_dt}"
+                y0 = pyquant.gemm(xd, w, out_dtype=F32).to_numpy()
+                y32 = pyquant.gemm(xd, wb, out_dtype=F32).to_numpy()
+                assert_bitwise_equal(y32, y0 + b.astype(np.float32)[None, :], name)
+                y16 = pyquant.gemm(xd, wb).to_numpy()
+                assert_bitwise_equal(y16, _to_16(y32, x_dt), name + " (bf16 y)")
+        try:
+            _run_tiers(gpu_ctx, kind, check)
+        finally:
+            gpu_ctx.set_option("split_k", 0)

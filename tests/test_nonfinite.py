@@ -389,15 +389,14 @@ def test_gpu(gpu, rng, where, family):
     scale gives +-inf where the reference, which scales each weight first, has
     (q - z) * inf = NaN for q = z (docs/guarantees.md)."""
     gemm = gpu_gemm_with(gpu)
-    # the GPU tiers of W4A16 and GGUF add no bias yet (QG_ERR_UNSUPPORTED; branch gpu-bias)
     if family == "w4a16":
-        y, ref = w4a16_run(rng, where, F16, F16, gemm, bias=False)
+        y, ref = w4a16_run(rng, where, F16, F16, gemm)
         ydt = F16
     elif family == "mxfp4":
         y, ref = mxfp4_run(rng, where, F16, F16, gemm)
         ydt = F16
     else:
-        y, ref = gguf_run(rng, where, F16, F32, gemm, family, bias=False)
+        y, ref = gguf_run(rng, where, F16, F32, gemm, family)
         ydt = F32
     # GGUF on the GPU: the int8 tier (auto) turns a slice of x holding NaN or inf into
     # dx = NaN, and the float tier factors q4_K's min out of the block sum, so NaN may

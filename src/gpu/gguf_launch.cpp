@@ -275,6 +275,7 @@ struct Variant {
         p.m_valid = (int)(a->m - m0 < MT ? a->m - m0 : MT);
         p.x_dtype = (int)a->x_dtype;
         p.y_dtype = (int)a->y_dtype;
+        p.bias = launch_util::bias_of(*a);
         p.load_bytes = pl.load_bytes;
         p.split_k = pl.split_k;
         p.kxb = pl.kxb;
@@ -351,7 +352,7 @@ namespace {
 
 bool float_usable(const qg_context* ctx, const qg_gguf_gemm_args& a, const char** why)
 {
-    if (!gpu_context_only(ctx, why) || !gpu_no_bias(a, why)) return false;
+    if (!gpu_context_only(ctx, why)) return false;
     // 32-bit row and block indices
     if (a.n > INT32_MAX || a.k > INT32_MAX) {
         *why = "the gguf GPU tiers index rows and blocks with 32-bit ints (n, k <= 2^31 - 1)";

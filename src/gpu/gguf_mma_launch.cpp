@@ -181,6 +181,7 @@ qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t 
         p.nb = (int)(a->k / S::B::BE);
         p.m_valid = m_valid;
         p.y_dtype = (int)a->y_dtype;
+        p.bias = launch_util::bias_of(*a);
         p.split_k = pl.split;
         st = pl.mp == 2   ? launch_gemm<FMT, 2>(ctx, pl, stream, p)
              : pl.mp == 4 ? launch_gemm<FMT, 4>(ctx, pl, stream, p)
@@ -192,7 +193,7 @@ qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t 
 
 bool int8_usable(const qg_context* ctx, const qg_gguf_gemm_args& a, const char** why)
 {
-    if (!gpu_context_only(ctx, why) || !gpu_no_bias(a, why)) return false;
+    if (!gpu_context_only(ctx, why)) return false;
     if (!kGpuIsCuda) {
         *why = "the int8 mma tier exists for NVIDIA GPUs only (mma.sync)";
         return false;

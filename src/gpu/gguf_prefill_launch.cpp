@@ -17,7 +17,7 @@ using launch_util::ceil_div;
 typedef qg_gguf_gemm_args Args;
 
 bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
-    if (!wgmma_tier_usable(ctx, a.x, a.ldx, why) || !gpu_no_bias(a, why)) return false;
+    if (!wgmma_tier_usable(ctx, a.x, a.ldx, why)) return false;
     if (a.x_dtype != QG_DTYPE_BF16) {
         *why = "runs bf16 x only (the weights become bf16 tiles; fp16 and fp32 x stay on the decode tiers)";
         return false;
@@ -70,6 +70,7 @@ qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream)
     p.k_steps = static_cast<int>(ceil_div(a.k, 64));
     p.chunks = static_cast<int>(ceil_div(a.k, kChunk));
     p.y_type = launch_util::elem_type(a.y_dtype);
+    p.bias = launch_util::bias_of(a);
     const dim3 grid(static_cast<unsigned>(ceil_div(a.m, bn)), static_cast<unsigned>(ceil_div(a.n, kRows)));
     if (log_enabled())
         log_once("gguf %s m=%lld n=%lld k=%lld: prefill_wgmma (bf16 tiles, wgmma) tile 128 rows x %d tokens, "

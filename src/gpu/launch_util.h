@@ -27,6 +27,11 @@ inline int dtype_bytes(qg_dtype d) { return (int)dtype_size(d); }
 
 // The device element type (hip/elem.h) of an fp32 / fp16 / bf16 dtype.
 inline int elem_type(qg_dtype d) { return d == QG_DTYPE_BF16 ? ELEM_BF16 : d == QG_DTYPE_F32 ? ELEM_F32 : ELEM_F16; }
+// The kernels' view of a call's optional bias (bias_dtype is ignored without one).
+template <class Args>
+BiasRef bias_of(const Args& a) {
+    return BiasRef{a.bias, a.bias ? elem_type(a.bias_dtype) : ELEM_F32};
+}
 
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` once per device: `done` is the
 // kernel's own mask of devices already raised (a static of the caller, one per kernel).

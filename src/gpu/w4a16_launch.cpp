@@ -93,7 +93,7 @@ size_t counters_bytes(int64_t groups) {
 }
 
 // The fields every W4A16 kernel's parameters share (SimtParams, Params): the weight, its
-// shape and strides, group size, scale and output element types.
+// shape and strides, group size, scale and output element types, the bias.
 template <class P>
 void set_weight_fields(P& p, const Args& a) {
     p.qweight = a.qweight;
@@ -106,12 +106,13 @@ void set_weight_fields(P& p, const Args& a) {
     p.group_size = a.group_size;
     p.scale_type = elem_type(a.scale_dtype);
     p.y_type = elem_type(a.y_dtype);
+    p.bias = launch_util::bias_of(a);
 }
 
 // ================================================================ simt (portable, both layouts)
 
 bool simt_usable(const qg_context* ctx, const Args& a, const char** why) {
-    return gpu_context_only(ctx, why) && gpu_no_bias(a, why) && fits_int32(a, why);
+    return gpu_context_only(ctx, why) && fits_int32(a, why);
 }
 
 qg_status simt_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
@@ -141,8 +142,7 @@ int mma_resident(const qg_context* ctx, int x_type, int mt, int group_size) {
 
 // The mma tier copies x and qweight 16 bytes and scales 4 bytes (two groups) at a time.
 bool decode_mma_usable(const qg_context* ctx, const Args& a, const char** why) {
-    if (!gpu_context_only(ctx, why) || !gpu_no_bias(a, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why))
-        return false;
+    if (!gpu_context_only(ctx, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why)) return false;
     if (is_frag(a)) {
         *why = "reads the canonical layout (decode_frag serves the frag layout)";
         return false;
@@ -218,8 +218,7 @@ int frag_resident(const qg_context* ctx, int x_type, int mt, int group_size, boo
 }
 
 bool decode_frag_usable(const qg_context* ctx, const Args& a, const char** why) {
-    if (!gpu_context_only(ctx, why) || !gpu_no_bias(a, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why))
-        return false;
+    if (!gpu_context_only(ctx, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why)) return false;
     if (!is_frag(a)) {
         *why = "reads the frag layout (qg_w4a16_repack); decode_mma serves the canonical one";
         return false;
@@ -290,6 +289,7 @@ qg_status decode_frag_launch(const qg_context* ctx, const Args& a, qg_stream str
     p.row_tiles = plan.row_tiles;
     p.scale_type = elem_type(a.scale_dtype);
     p.y_type = elem_type(a.y_dtype);
+    p.bias = launch_util::bias_of(a);
     p.max_contributors = plan.max_contributors;
     if (plan.max_contributors > 1) {
         p.counters = static_cast<unsigned*>(a.workspace);

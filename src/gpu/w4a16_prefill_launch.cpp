@@ -18,7 +18,7 @@ typedef qg_w4a16_gemm_args Args;
 using launch_util::elem_type;
 
 bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
-    if (!wgmma_tier_usable(ctx, a.x, a.ldx, why) || !gpu_no_bias(a, why)) return false;
+    if (!wgmma_tier_usable(ctx, a.x, a.ldx, why)) return false;
     if (a.layout != QG_W4A16_LAYOUT_FRAG) {
         *why = "reads the frag layout (qg_w4a16_repack)";
         return false;
@@ -64,6 +64,7 @@ qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream)
     p.row_blocks = static_cast<int>(geo.row_blocks);
     p.scale_type = elem_type(a.scale_dtype);
     p.y_type = elem_type(a.y_dtype);
+    p.bias = launch_util::bias_of(a);
     const dim3 grid(static_cast<unsigned>(ceil_div(a.m, bn)), static_cast<unsigned>(row_tiles));
     if (log_enabled())
         log_once("w4a16 prefill_wgmma m=%lld n=%lld k=%lld g=%d %s: tile 128 rows x %d tokens, grid %u x %u, smem %d",
