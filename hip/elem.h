@@ -41,12 +41,13 @@ struct BiasRef {
     int type;
 };
 
-// v + bias[n] in fp32 (the CPU tier's order: the sum, then the output's one rounding); v
-// itself without a bias (adding 0 would turn -0 into +0).
-__device__ __forceinline__ float add_bias(float v, const BiasRef& b, int64_t n) {
-    if (b.p == nullptr) return v;
-    if (b.type == ELEM_F32) return v + static_cast<const float*>(b.p)[n];
-    return v + bits_to_float(static_cast<const uint16_t*>(b.p)[n], b.type);
+// bias[n] as fp32 (n < N), or -0.0f without a bias: v + -0.0f is v for every v, -0 included,
+// so an epilogue adds it to each fp32 sum unconditionally (the CPU tier's order: the sum, then
+// the output's one rounding), loaded once per output row where its stores unroll.
+__device__ __forceinline__ float bias_at(const BiasRef& b, int64_t n) {
+    if (b.p == nullptr) return -0.0f;
+    if (b.type == ELEM_F32) return static_cast<const float*>(b.p)[n];
+    return bits_to_float(static_cast<const uint16_t*>(b.p)[n], b.type);
 }
 
 }  // namespace qg

@@ -702,11 +702,12 @@ __device__ __forceinline__ void finish_group(const DecodeParams& p, const Tile& 
         for (int r = 0; r < R; ++r) {
             const int n = t.r_begin + g * R + r;
             if (n >= t.r_end) continue;
+            const float bn = bias_at(p.bias, n);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 if (m >= p.m_valid) continue;
                 if (p.split_k > 1) p.partial[((int64_t)t.split * MT + m) * p.n + n] = acc[r][m];
-                else store_y(p.y, m * p.ldy + n, add_bias(acc[r][m], p.bias, n), p.y_dtype);
+                else store_y(p.y, m * p.ldy + n, acc[r][m] + bn, p.y_dtype);
             }
         }
     }
@@ -921,7 +922,7 @@ __global__ void __launch_bounds__(kThreads, Tune<MT>::kMinBlocks) gguf_decode_ke
             sum += part[(int64_t)s * MT * p.n];
             part[(int64_t)s * MT * p.n] = 0.0f;
         }
-        store_y(p.y, m * p.ldy + n, add_bias(sum, p.bias, n), p.y_dtype);
+        store_y(p.y, m * p.ldy + n, sum + bias_at(p.bias, n), p.y_dtype);
     }
     if (threadIdx.x == 0) p.counters[tile] = 0;
 }

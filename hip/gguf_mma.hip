@@ -549,11 +549,13 @@ __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
     }
 
     // y (or this split's partial sums): lane (g, t) holds rows g, g+8 x cols 2t, 2t+1
+    const int ng = row0 + warp * kTileRows + g;
+    const float bias_g[2] = {ng < p.n ? bias_at(p.bias, ng) : 0.0f, ng + 8 < p.n ? bias_at(p.bias, ng + 8) : 0.0f};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const int n = row0 + warp * kTileRows + g + (i >= 2 ? 8 : 0), m = 2 * t + (i & 1);
+        const int n = ng + (i >= 2 ? 8 : 0), m = 2 * t + (i & 1);
         if (n >= p.n || m >= p.m_valid) continue;
-        if (p.split_k == 1) store_y(p.y, m * p.ldy + n, add_bias(acc[i], p.bias, n), p.y_dtype);
+        if (p.split_k == 1) store_y(p.y, m * p.ldy + n, acc[i] + bias_g[i >> 1], p.y_dtype);
         else p.partial[((int64_t)split * MP + m) * p.n + n] = acc[i];
     }
 
@@ -593,7 +595,7 @@ __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
             sum += part[(int64_t)s * MP * p.n];
             part[(int64_t)s * MP * p.n] = 0.0f;
         }
-        store_y(p.y, m * p.ldy + n, add_bias(sum, p.bias, n), p.y_dtype);
+        store_y(p.y, m * p.ldy + n, sum + bias_at(p.bias, n), p.y_dtype);
     }
     if (threadIdx.x == 0) p.tile_count[blockIdx.x] = 0;
 }

@@ -260,17 +260,20 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
         const int n_tile = cur_rt * FRAG_TILE_ROWS;
         if (contributors == 1) {
 #pragma unroll
-            for (int r = 0; r < FRAG_RB_PER_WARP; ++r)
+            for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
+                const int nr = n_tile + (warp * FRAG_RB_PER_WARP + r) * 16 + g;
+                const float bias_n[2] = {nr < p.n ? bias_at(p.bias, nr) : 0.0f,
+                                         nr + 8 < p.n ? bias_at(p.bias, nr + 8) : 0.0f};
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
                         const int m = mt * 8 + 2 * t + (i & 1);
-                        const int n = n_tile + (warp * FRAG_RB_PER_WARP + r) * 16 + g + ((i & 2) ? 8 : 0);
-                        if (m < p.m && n < p.n)
-                            store_out(p.y, m * p.ldy + n, add_bias(acc[r][mt][i], p.bias, n), p.y_type);
+                        const int n = nr + ((i & 2) ? 8 : 0);
+                        if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, acc[r][mt][i] + bias_n[i >> 1], p.y_type);
                         acc[r][mt][i] = 0.f;
                     }
+            }
             return;
         }
         // Shared row tile: publish the partial sums in slot (this block - first); the last
@@ -308,7 +311,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                 const float vs[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    if (n + e < p.n) store_out(p.y, m * p.ldy + n + e, add_bias(vs[e], p.bias, n + e), p.y_type);
+                    if (n + e < p.n) store_out(p.y, m * p.ldy + n + e, vs[e] + bias_at(p.bias, n + e), p.y_type);
             }
             if (tid == 0) p.counters[cur_rt] = 0;
         }

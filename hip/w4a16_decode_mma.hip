@@ -295,13 +295,15 @@ __global__ void __launch_bounds__(MMA_THREADS) decode_mma(const Params p) {
         const int first = owner_of(static_cast<int64_t>(cur_rb) * S, U, P);
         const int contributors = owner_of(static_cast<int64_t>(cur_rb) * S + S - 1, U, P) - first + 1;
         if (contributors == 1) {
+            const int ng = n_warp + g;
+            const float bias_n[2] = {ng < p.n ? bias_at(p.bias, ng) : 0.0f, ng + 8 < p.n ? bias_at(p.bias, ng + 8) : 0.0f};
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int m = mt * 8 + 2 * t + (i & 1);
-                    const int n = n_warp + g + ((i & 2) ? 8 : 0);
-                    if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, add_bias(acc[mt][i], p.bias, n), p.y_type);
+                    const int n = ng + ((i & 2) ? 8 : 0);
+                    if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, acc[mt][i] + bias_n[i >> 1], p.y_type);
                     acc[mt][i] = 0.f;
                 }
             continue;
@@ -339,7 +341,7 @@ __global__ void __launch_bounds__(MMA_THREADS) decode_mma(const Params p) {
                     vpart[c * (16 * ROWS_PER_BLOCK) + i] = 0.f;
                 }
                 const int n = n_block + i % ROWS_PER_BLOCK;
-                if (n < p.n) store_out(p.y, (i / ROWS_PER_BLOCK) * p.ldy + n, add_bias(v, p.bias, n), p.y_type);
+                if (n < p.n) store_out(p.y, (i / ROWS_PER_BLOCK) * p.ldy + n, v + bias_at(p.bias, n), p.y_type);
             }
             if (tid == 0) p.counters[cur_rb] = 0;
         }

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(SIMT_THREADS) decode_simt(const SimtParams p) 
     for (int m = 0; m < SIMT_MAX_M; ++m) {
         float v = acc[m];
         for (int off = QG_WARP_SIZE / 2; off > 0; off >>= 1) v += __shfl_xor(v, off, QG_WARP_SIZE);
-        if (lane == 0 && m < p.m) store_out(p.y, m * p.ldy + n, add_bias(v, p.bias, n), p.y_type);
+        if (lane == 0 && m < p.m) store_out(p.y, m * p.ldy + n, v + bias_at(p.bias, n), p.y_type);
     }
 }
 
