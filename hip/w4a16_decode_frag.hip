@@ -259,6 +259,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
         const int contributors = frag_owner(static_cast<int64_t>(cur_rt) * KC + KC - 1, U, P) - first + 1;
         const int n_tile = cur_rt * FRAG_TILE_ROWS;
         if (contributors == 1) {
+            // the bias first, in registers, so that the store loop stays what it is without one
 #pragma unroll
             for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
                 const int nr = n_tile + (warp * FRAG_RB_PER_WARP + r) * 16 + g;
@@ -267,13 +268,19 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
+                    for (int i = 0; i < 4; ++i) acc[r][mt][i] += bias_n[i >> 1];
+            }
+#pragma unroll
+            for (int r = 0; r < FRAG_RB_PER_WARP; ++r)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
                     for (int i = 0; i < 4; ++i) {
                         const int m = mt * 8 + 2 * t + (i & 1);
-                        const int n = nr + ((i & 2) ? 8 : 0);
-                        if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, acc[r][mt][i] + bias_n[i >> 1], p.y_type);
+                        const int n = n_tile + (warp * FRAG_RB_PER_WARP + r) * 16 + g + ((i & 2) ? 8 : 0);
+                        if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, acc[r][mt][i], p.y_type);
                         acc[r][mt][i] = 0.f;
                     }
-            }
             return;
         }
         // Shared row tile: publish the partial sums in slot (this block - first); the last

@@ -300,10 +300,14 @@ __global__ void __launch_bounds__(MMA_THREADS) decode_mma(const Params p) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
+                for (int i = 0; i < 4; ++i) acc[mt][i] += bias_n[i >> 1];  // then the stores as without one
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int m = mt * 8 + 2 * t + (i & 1);
-                    const int n = ng + ((i & 2) ? 8 : 0);
-                    if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, acc[mt][i] + bias_n[i >> 1], p.y_type);
+                    const int n = n_warp + g + ((i & 2) ? 8 : 0);
+                    if (m < p.m && n < p.n) store_out(p.y, m * p.ldy + n, acc[mt][i], p.y_type);
                     acc[mt][i] = 0.f;
                 }
             continue;

@@ -210,6 +210,11 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     // ---- epilogue: d[4j + i] = row 16 w + g + 8 (i >> 1), token 8 j + 2 t + (i & 1)
     const int n0 = rb * 16 + g;
     const float bias_n[2] = {n0 < p.n ? bias_at(p.bias, n0) : 0.0f, n0 + 8 < p.n ? bias_at(p.bias, n0 + 8) : 0.0f};
+    // the bias first, in registers, so that the store loop stays what it is without one
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc.d[4 * j + i] += bias_n[i >> 1];
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -217,7 +222,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
             const int tok = tok0 + 8 * j + 2 * t + (i & 1);
             const int n = n0 + 8 * (i >> 1);
             if (tok < p.m && n < p.n)
-                store_out(p.y, static_cast<int64_t>(tok) * p.ldy + n, acc.d[4 * j + i] + bias_n[i >> 1], p.y_type);
+                store_out(p.y, static_cast<int64_t>(tok) * p.ldy + n, acc.d[4 * j + i], p.y_type);
         }
 #else
     // Built without sm_90a: the host gate (sm_90a in the build, compute capability 9.0)
