@@ -40,6 +40,7 @@ import numpy as np
 os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast (NVLS) off, in every process started here
 
 import pyquant  # noqa: E402
+from pyquant.shard import plan as shard_plan  # noqa: E402
 
 DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 UNIT = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # unit roundoff of the activation dtype
@@ -141,11 +142,13 @@ def _timed(fn, sync, iters: int, repeats: int) -> float:
     return float(np.median(runs))
 
 
-def shards(ws, world: int, rank: int, loud: bool):
-    """Process rank's parts of (gate, up, down): gate and up cut along N, down along K.
-    A split the format refuses exits 1, with the reason where loud."""
+def shards(ws, world: int, rank: int, loud: bool, cut=None):
+    """Process rank's parts of (gate, up, down): gate and up cut along N, down along K, by
+    cut(weight, axis) (default: Weight.shard; shard_plan checks the same rules without copying
+    a byte). A split the format refuses exits 1, with the reason where loud."""
+    cut = cut or (lambda w, ax: w.shard(ax, world, rank))
     try:
-        return [w.shard(ax, world, rank) for w, ax in zip(ws, ("n", "n", "k"))]
+        return [cut(w, ax) for w, ax in zip(ws, ("n", "n", "k"))]
     except pyquant.InvalidArgumentError as e:
         raise SystemExit(f"intermediate={ws[0].shape[0]} does not shard {world} ways: {e}" if loud else 1)
 
@@ -236,9 +239,9 @@ def spawn(args) -> int:
     starts (were it left to them, the first to exit could have the others stopped before
     process 0 said why). Returns the first non-zero exit code of a process that was not
     stopped, else that of one stopped, else 0."""
-    ws = weights(args)
-    for rank in range(args.world_size):
-        shards(ws, args.world_size, rank, loud=True)
+    ws, world = weights(args), args.world_size
+    for rank in range(world):
+        shards(ws, world, rank, loud=True, cut=lambda w, ax: shard_plan(w, ax, world, rank))
     del ws
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
