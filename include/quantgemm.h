@@ -60,8 +60,8 @@ extern "C" {
 #define QG_VERSION_MINOR 1
 #define QG_VERSION_PATCH 0
 /* Bumped whenever a packed weight layout accepted or produced by the library changes
- * (2: the W4A16 frag layout of qg_w4a16_repack). */
-#define QG_FORMAT_VERSION 2
+ * (2: the W4A16 frag layout of qg_w4a16_repack; 3: the MXFP4 frag layout of qg_mxfp4_repack). */
+#define QG_FORMAT_VERSION 3
 
 /* ------------------------------------------------------------------ status */
 
@@ -312,7 +312,17 @@ QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg
  *          (high nibble) as E2M1 codes {0, .5, 1, 1.5, 2, 3, 4, 6} with sign bit 3;
  *   scales [N, K/32] uint8 E8M0, value 2^(e - 127) (e = 255 is NaN).
  * GGUF's own mxfp4 block is converted to this layout by pyquant.from_gguf.
+ * With layout = QG_MXFP4_LAYOUT_FRAG, blocks and scales point at the two planes written by
+ * qg_mxfp4_repack for the same n, k (what the GPU tiers read; every tier accepts both). The GPU
+ * tiers take F16 or BF16 x; they apply each scale to the float32 sum of its 32 products.
  */
+typedef enum qg_mxfp4_layout QG_ENUM_BASE {
+    QG_MXFP4_LAYOUT_CANONICAL = 0, /* blocks [N, K/32, 16], scales [N, K/32] above */
+    QG_MXFP4_LAYOUT_FRAG = 1       /* qg_mxfp4_repack's planes: the W4A16 frag planes of G = 32
+                                      (docs/w4a16-layout.md, "MXFP4"), E2M1 codes as the nibbles,
+                                      each E8M0 scale as the bf16 value 2^(e - 127) */
+} qg_mxfp4_layout;
+
 typedef struct qg_mxfp4_gemm_args {
     size_t size;             /* sizeof(qg_mxfp4_gemm_args) */
     int64_t m, n, k;         /* K % 32 == 0 */
@@ -328,11 +338,37 @@ typedef struct qg_mxfp4_gemm_args {
     int64_t ldy;
     void* workspace;
     size_t workspace_bytes;
+    qg_mxfp4_layout layout;  /* of blocks/scales; CANONICAL when args->size predates it */
 } qg_mxfp4_gemm_args;
 
 QG_API qg_status qg_mxfp4_gemm_workspace_size(qg_context* ctx, const qg_mxfp4_gemm_args* args,
                                               size_t* bytes);
 QG_API qg_status qg_mxfp4_gemm(qg_context* ctx, const qg_mxfp4_gemm_args* args, qg_stream stream);
+
+/*
+ * One-time repack of a canonical MXFP4 weight into `layout` (QG_MXFP4_LAYOUT_FRAG), in the
+ * memory of ctx (host for a CPU context, device for a GPU one: a kernel on `stream`):
+ *   out_blocks: the W4A16 frag qweight plane of the E2M1 codes (the same nibble positions as
+ *               qg_w4a16_repack gives the int4 q of a [N, K] weight), int32 words;
+ *   out_scales: the W4A16 frag scales plane of G = 32, each E8M0 e as the bf16 bits of
+ *               2^(e - 127) (exact: 0x0040 for e = 0, 0x7fc0 NaN for e = 255).
+ * N is padded to a multiple of 16 and K to a multiple of 128 with code 0 and scale 0, which
+ * add exactly nothing. The outputs must not overlap the inputs.
+ */
+typedef struct qg_mxfp4_repack_args {
+    size_t size;             /* sizeof(qg_mxfp4_repack_args) */
+    qg_mxfp4_layout layout;  /* target: QG_MXFP4_LAYOUT_FRAG */
+    int64_t n, k;            /* K % 32 == 0 */
+    const uint8_t* blocks;   /* canonical [N, K/32, 16] */
+    const uint8_t* scales;   /* canonical [N, K/32] */
+    void* out_blocks;        /* blocks_bytes (qg_mxfp4_repack_size) */
+    void* out_scales;        /* scales_bytes */
+} qg_mxfp4_repack_args;
+
+/* Bytes of each output plane for args' layout, n, k (pointers are not read). */
+QG_API qg_status qg_mxfp4_repack_size(const qg_mxfp4_repack_args* args, size_t* blocks_bytes,
+                                      size_t* scales_bytes);
+QG_API qg_status qg_mxfp4_repack(qg_context* ctx, const qg_mxfp4_repack_args* args, qg_stream stream);
 
 /* ------------------------------------------------------------------ MXFP4 MoE */
 

@@ -65,6 +65,8 @@ extern const Tier<qg_w4a16_gemm_args> gpu_w4a16_prefill_tier;     // wgmma (sm_9
 extern const Tier<qg_gguf_gemm_args> gpu_gguf_float_tier;         // fp32 x, portable
 extern const Tier<qg_gguf_gemm_args> gpu_gguf_int8_tier;          // int8 x, mma.sync
 extern const Tier<qg_gguf_gemm_args> gpu_gguf_prefill_tier;       // bf16 tiles, wgmma (sm_90a)
+extern const Tier<qg_mxfp4_gemm_args> gpu_mxfp4_decode_frag_tier; // mma.sync, frag layout
+extern const Tier<qg_mxfp4_gemm_args> gpu_mxfp4_prefill_tier;      // wgmma (sm_90a), frag layout
 #endif
 
 inline bool on_gpu(const qg_context* ctx) { return ctx->backend != QG_BACKEND_CPU; }

@@ -66,6 +66,13 @@ void w4a16_repack_frag_host(const qg_w4a16_repack_args& a);
 void w4a16_frag_to_canonical_host(const qg_w4a16_gemm_args& a, int32_t* qweight, uint16_t* scales, int32_t* qzeros);
 qg_status cpu_w4a16_gemm_frag(const qg_context* ctx, const qg_w4a16_gemm_args* a);
 
+// MXFP4 layouts on the host (src/mxfp4_layout.cpp): the CPU repack (the W4A16 frag planes of
+// G = 32, E2M1 codes, bf16 2^(e - 127) scales), its inverse, and the CPU tier on a
+// frag-layout weight (unpacks to canonical, then cpu_mxfp4_gemm).
+void mxfp4_repack_frag_host(const qg_mxfp4_repack_args& a);
+void mxfp4_frag_to_canonical_host(const qg_mxfp4_gemm_args& a, uint8_t* blocks, uint8_t* scales);
+qg_status cpu_mxfp4_gemm_frag(const qg_context* ctx, const qg_mxfp4_gemm_args* a);
+
 // ---------------------------------------------------------------- GPU tier (src/gpu/)
 // Compiled only when QG_HAVE_GPU is defined (CUDA or HIP build).
 #if defined(QG_HAVE_GPU)
@@ -92,6 +99,8 @@ qg_status gpu_check_launch(const char* what);
 // defined next to their launchers in src/gpu/*_launch.cpp.
 // W4A16 repack into the frag layout on the device (src/gpu/w4a16_launch.cpp).
 qg_status gpu_w4a16_repack(const qg_context* ctx, const qg_w4a16_repack_args& a, qg_stream stream);
+// MXFP4 repack into its frag layout on the device (src/gpu/mxfp4_launch.cpp).
+qg_status gpu_mxfp4_repack(const qg_context* ctx, const qg_mxfp4_repack_args& a, qg_stream stream);
 // Shared memory per SM in bytes (occupancy estimates of the launchers).
 int gpu_smem_per_sm(const qg_context* ctx);
 #endif
