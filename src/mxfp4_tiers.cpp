@@ -10,7 +10,9 @@ bool cpu_usable(const qg_context* ctx, const Args&, const char** why) {
     return cpu_context_only(ctx, why);
 }
 
-qg_status gemm_launch(const qg_context* ctx, const qg_mxfp4_gemm_args& a, qg_stream) { return cpu_mxfp4_gemm(ctx, &a); }
+qg_status gemm_launch(const qg_context* ctx, const qg_mxfp4_gemm_args& a, qg_stream) {
+    return a.layout == QG_MXFP4_LAYOUT_FRAG ? cpu_mxfp4_gemm_frag(ctx, &a) : cpu_mxfp4_gemm(ctx, &a);
+}
 qg_status align_launch(const qg_context* ctx, const qg_moe_align_args& a, qg_stream) { return cpu_moe_align(ctx, &a); }
 qg_status stage1_launch(const qg_context* ctx, const qg_moe_stage1_args& a, qg_stream) { return cpu_moe_stage1(ctx, &a); }
 qg_status stage2_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_stream) { return cpu_moe_stage2(ctx, &a); }
