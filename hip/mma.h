@@ -81,6 +81,39 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t w_shifted, uint32_t ne
     return out;
 }
 
+// E2M1 (MXFP4) codes of nibble pair P (bits 4P..4P+3 and 16+4P.., sign in bit 3 of each
+// nibble) as two 16-bit floats equal to the code's value {0, .5, 1, 1.5, 2, 3, 4, 6} exactly.
+// The sign goes to bit 15 and the three magnitude bits (exponent e1 e0, mantissa m) to the
+// format's two low exponent bits and top mantissa bit: read as bf16 that is the value times
+// 2^-126 (fp16: 2^-14), the codes 0.5 as a subnormal; one multiply by 2^126 (fp16 2^14), a
+// power of two on half-precision arithmetic that keeps subnormals, gives the value exactly.
+// 2 shifts, 2 lop3, 1 fma per pair (the fma adds -0, which keeps a negative zero's sign).
+template <int XT, int P>
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
+    constexpr int kMagLow = XT == ELEM_BF16 ? 6 : 9;  // bit of the magnitude's low bit
+    constexpr uint32_t kScale = XT == ELEM_BF16 ? 0x7e807e80u : 0x74007400u;  // 2^126, 2^14
+    constexpr uint32_t kNegZero = 0x80008000u;
+    const uint32_t mag = kMagLow >= 4 * P ? w << (kMagLow - 4 * P) : w >> (4 * P - kMagLow);
+    const uint32_t v = (mag & (0x00070007u << kMagLow)) | ((w << (12 - 4 * P)) & 0x80008000u);
+    uint32_t out;
+    if (XT == ELEM_BF16) {
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(v), "r"(kScale), "r"(kNegZero));
+    } else {
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(v), "r"(kScale), "r"(kNegZero));
+    }
+    return out;
+}
+
+// One frag-layout word of E2M1 codes -> the four A registers of its k16 step, in the pair
+// order of dequant_word (a[p] = pair p).
+template <int XT>
+__device__ __forceinline__ void e2m1_word(uint32_t w, uint32_t (&a)[4]) {
+    a[0] = e2m1_pair<XT, 0>(w);
+    a[1] = e2m1_pair<XT, 1>(w);
+    a[2] = e2m1_pair<XT, 2>(w);
+    a[3] = e2m1_pair<XT, 3>(w);
+}
+
 // The packed pair -(bias + z) for zero-point z (0..15): at the bias's exponent z adds one
 // unit in the last place per step, so -(bias + z) is the bias's negation plus z.
 template <int XT>

@@ -82,7 +82,8 @@ struct UnitAddr {
 
 // XT: activation type. MT: n8 tiles of x (1: M <= 8, 2: M <= 16). G: group size (a template
 // argument: every group index below is a compile-time constant). ASYM: zero-points given.
-template <int XT, int MT, int G, bool ASYM>
+// CODE: what a nibble codes (WeightCode: W4A16 integers, or MXFP4 E2M1 values with G = 32).
+template <int XT, int MT, int G, bool ASYM, int CODE>
 __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams p) {
 #if defined(QG_HAS_MMA_SYNC)
     typedef FragStage<MT> St;
@@ -201,7 +202,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
             const int c = ks / STEPS_PER_GROUP;  // group inside the chunk (compile-time)
-            if (ks % STEPS_PER_GROUP == 0) {
+            if (CODE == CODE_INT4 && ks % STEPS_PER_GROUP == 0) {
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
                     const uint32_t zb = ASYM ? d.z[r] >> (8 * c) : 0x88u;  // symmetric: z = 8
@@ -220,7 +221,10 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                 const uint4 wt = d.w[r][ks / 4];
                 const uint32_t w = (ks % 4 == 0) ? wt.x : (ks % 4 == 1) ? wt.y : (ks % 4 == 2) ? wt.z : wt.w;
                 uint32_t a[4];
-                dequant_word<XT>(w, zp[r], a);
+                if constexpr (CODE == CODE_E2M1)
+                    e2m1_word<XT>(w, a);
+                else
+                    dequant_word<XT>(w, zp[r], a);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     if (mt > 0 && mt * 8 >= p.m) break;  // an all-padding x tile adds nothing
@@ -341,11 +345,16 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
 #endif
 }
 
-const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym) {
-#define QG_CASE(XT, MT, G, ASYM)                                                  \
-    if (x_type == XT && mt == MT && group_size == G && asym == ASYM)              \
-        return reinterpret_cast<const void*>(&decode_frag<XT, MT, G, ASYM>);
+const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, int code) {
+#define QG_CASE(XT, MT, G, ASYM)                                                            \
+    if (code == CODE_INT4 && x_type == XT && mt == MT && group_size == G && asym == ASYM)   \
+        return reinterpret_cast<const void*>(&decode_frag<XT, MT, G, ASYM, CODE_INT4>);
     QG_W4A16_FRAG_KERNELS(QG_CASE)
+#undef QG_CASE
+#define QG_CASE(XT, MT)                                                                      \
+    if (code == CODE_E2M1 && x_type == XT && mt == MT && group_size == 32 && !asym)         \
+        return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_E2M1>);
+    QG_MXFP4_FRAG_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;
 }

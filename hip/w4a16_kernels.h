@@ -18,6 +18,11 @@
 namespace qg {
 namespace w4a16 {
 
+// What a frag-layout nibble codes: a W4A16 integer q (the weight is (q - z) * s) or an MXFP4
+// E2M1 value (the weight is e2m1(q) * s, G = 32, s = 2^(e - 127) from the E8M0 byte). The
+// frag kernels serve both; only the nibble-to-A-register step differs.
+enum WeightCode { CODE_INT4 = 0, CODE_E2M1 = 1 };
+
 // ---------------------------------------------------------------- decode_mma (canonical, v5)
 struct Params {
     const uint16_t* x;       // [M, K] fp16/bf16 bits, row stride ldx elements
@@ -131,8 +136,8 @@ struct FragStage {
     static constexpr int SMEM = FRAG_X_STAGES * X_BYTES;
 };
 
-// decode_frag<XT, MT, G, ASYM> (ASYM: zero-points given).
-const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym);
+// decode_frag<XT, MT, G, ASYM, CODE> (ASYM: zero-points given).
+const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, int code = CODE_INT4);
 
 #define QG_W4A16_FRAG_KERNELS(X)                                                                     \
     X(ELEM_F16, 1, 32, true) X(ELEM_F16, 1, 64, true) X(ELEM_F16, 1, 128, true)                     \
@@ -143,6 +148,8 @@ const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym);
     X(ELEM_F16, 2, 32, false) X(ELEM_F16, 2, 64, false) X(ELEM_F16, 2, 128, false)                  \
     X(ELEM_BF16, 1, 32, false) X(ELEM_BF16, 1, 64, false) X(ELEM_BF16, 1, 128, false)               \
     X(ELEM_BF16, 2, 32, false) X(ELEM_BF16, 2, 64, false) X(ELEM_BF16, 2, 128, false)
+// MXFP4 (CODE_E2M1): G = 32, no zero-points
+#define QG_MXFP4_FRAG_KERNELS(X) X(ELEM_F16, 1) X(ELEM_F16, 2) X(ELEM_BF16, 1) X(ELEM_BF16, 2)
 
 // ---------------------------------------------------------------- prefill_wgmma (frag, sm_90a)
 // Thread block: 2 warpgroups (8 warps); warp w owns row block w of the block's 128 weight
@@ -177,7 +184,7 @@ struct PrefillSmem {
 #if defined(QG_HAVE_TENSOR_MAPS)
 // prefill_wgmma<XT, BN, G, ASYM>(tmap_x, params); tmap_x: x [M, K] as a 2-D tensor map,
 // box [BN tokens, 64 k], 128-byte swizzle.
-const void* prefill_kernel(int x_type, int bn, int group_size, bool asym);
+const void* prefill_kernel(int x_type, int bn, int group_size, bool asym, int code = CODE_INT4);
 
 #define QG_W4A16_PREFILL_KERNELS(X)                                                                   \
     X(ELEM_F16, 128, 32, true) X(ELEM_F16, 128, 64, true) X(ELEM_F16, 128, 128, true)                \
@@ -188,12 +195,15 @@ const void* prefill_kernel(int x_type, int bn, int group_size, bool asym);
     X(ELEM_BF16, 64, 32, true) X(ELEM_BF16, 64, 64, true) X(ELEM_BF16, 64, 128, true)                \
     X(ELEM_F16, 64, 32, false) X(ELEM_F16, 64, 64, false) X(ELEM_F16, 64, 128, false)                \
     X(ELEM_BF16, 64, 32, false) X(ELEM_BF16, 64, 64, false) X(ELEM_BF16, 64, 128, false)
+// MXFP4 (CODE_E2M1): G = 32, no zero-points
+#define QG_MXFP4_PREFILL_KERNELS(X) X(ELEM_F16, 128) X(ELEM_BF16, 128) X(ELEM_F16, 64) X(ELEM_BF16, 64)
 #endif
 
 // ---------------------------------------------------------------- repack (canonical -> frag)
 struct RepackParams {
-    const uint32_t* qweight;  // canonical [N, K/8]
-    const uint16_t* scales;   // canonical [N, K/G]
+    const uint32_t* qweight;  // canonical [N, K/8] (MXFP4: the blocks [N, K/32, 16] as words)
+    const uint16_t* scales;   // canonical [N, K/G], or nullptr when e8m0 is given
+    const uint8_t* e8m0;      // MXFP4: canonical scales [N, K/32] as E8M0 bytes, else nullptr
     const uint32_t* qzeros;   // canonical [N/8, K/G] or nullptr
     uint32_t* out_qweight;    // frag planes
     uint16_t* out_scales;

@@ -108,7 +108,7 @@ __device__ __forceinline__ void dequant_tile(uint32_t (&a)[4][4], const uint4& w
 }  // namespace
 #endif  // QG_HAS_WGMMA
 
-template <int XT, int BN, int G, bool ASYM>
+template <int XT, int BN, int G, bool ASYM, int CODE>
 __global__ void __launch_bounds__(PF_THREADS, 1)
 prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams p) {
 #if defined(QG_HAS_WGMMA)
@@ -164,15 +164,22 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
             const int kt = 2 * kc + h;
             if (tid == 0 && kt + PD < KT) issue(kt + PD);
             // zero-points of the four k16 steps: step j of half h is in group (64 h + 16 j) / G
-            uint32_t nz0[4], nz1[4];
+            if constexpr (CODE == CODE_E2M1) {
+                e2m1_word<XT>(cur.w[h].x, a[h][0]);
+                e2m1_word<XT>(cur.w[h].y, a[h][1]);
+                e2m1_word<XT>(cur.w[h].z, a[h][2]);
+                e2m1_word<XT>(cur.w[h].w, a[h][3]);
+            } else {
+                uint32_t nz0[4], nz1[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int c = (64 * h + 16 * j) / G;
-                const uint32_t zb = ASYM ? cur.z >> (8 * c) : 0x88u;
-                nz0[j] = neg_bias_z<XT>(zb & 15u);
-                nz1[j] = neg_bias_z<XT>((zb >> 4) & 15u);
+                for (int j = 0; j < 4; ++j) {
+                    const int c = (64 * h + 16 * j) / G;
+                    const uint32_t zb = ASYM ? cur.z >> (8 * c) : 0x88u;
+                    nz0[j] = neg_bias_z<XT>(zb & 15u);
+                    nz1[j] = neg_bias_z<XT>((zb >> 4) & 15u);
+                }
+                dequant_tile<XT>(a[h], cur.w[h], nz0, nz1);
             }
-            dequant_tile<XT>(a[h], cur.w[h], nz0, nz1);
             const int s = kt % PF_STAGES;
             mbar_wait(&full[s], (kt / PF_STAGES) & 1);
             const unsigned char* tile = smem + s * Sm::B_BYTES;
@@ -233,11 +240,16 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
 #endif
 }
 
-const void* prefill_kernel(int x_type, int bn, int group_size, bool asym) {
-#define QG_CASE(XT, BN, G, ASYM)                                                  \
-    if (x_type == XT && bn == BN && group_size == G && asym == ASYM)              \
-        return reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, G, ASYM>);
+const void* prefill_kernel(int x_type, int bn, int group_size, bool asym, int code) {
+#define QG_CASE(XT, BN, G, ASYM)                                                            \
+    if (code == CODE_INT4 && x_type == XT && bn == BN && group_size == G && asym == ASYM)   \
+        return reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, G, ASYM, CODE_INT4>);
     QG_W4A16_PREFILL_KERNELS(QG_CASE)
+#undef QG_CASE
+#define QG_CASE(XT, BN)                                                                      \
+    if (code == CODE_E2M1 && x_type == XT && bn == BN && group_size == 32 && !asym)         \
+        return reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_E2M1>);
+    QG_MXFP4_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;
 }

@@ -34,8 +34,8 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const Repa
     p.out_qweight[i] = word;
 }
 
-// Output record (rb, kc, g, c): the scales of rows g and g+8 for group kc * GC + c, and
-// their zero byte.
+// Output record (rb, kc, g, c): the scales of rows g and g+8 for group kc * GC + c (W4A16:
+// copied; MXFP4: E8M0 bytes as bf16), and their zero byte.
 __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_scales(const RepackParams p) {
     const frag::Geometry geo(p.n, p.k, p.group_size);
     const int64_t i = static_cast<int64_t>(blockIdx.x) * REPACK_THREADS + threadIdx.x;
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_scales(const Repac
     for (int h = 0; h < 2; ++h) {
         const int64_t n = rb * frag::kRowBlock + g + 8 * h;
         const bool real = n < p.n && grp < geo.groups;
-        p.out_scales[2 * i + h] = real ? p.scales[n * geo.groups + grp] : 0;
+        p.out_scales[2 * i + h] = !real ? 0 : p.e8m0 ? frag::e8m0_bf16(p.e8m0[n * geo.groups + grp]) : p.scales[n * geo.groups + grp];
         if (p.qzeros != nullptr && real) zb |= ((p.qzeros[(n / 8) * geo.groups + grp] >> (4 * (n % 8))) & 15u) << (4 * h);
     }
     if (p.out_qzeros != nullptr) p.out_qzeros[i] = static_cast<uint8_t>(zb);
