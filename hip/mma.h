@@ -104,6 +104,13 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
     return out;
 }
 
+// a * m on two bf16 (an fma with -0, which keeps a negative zero's sign).
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t m) {
+    uint32_t out;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(m), "r"(0x80008000u));
+    return out;
+}
+
 // One frag-layout word of E2M1 codes -> the four A registers of its k16 step, in the pair
 // order of dequant_word (a[p] = pair p).
 template <int XT>

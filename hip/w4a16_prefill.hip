@@ -18,6 +18,12 @@
 // Numerics are the decode tiers': exact (q - z), fp32 products and sums, the scale applied
 // to the fp32 group sum (one-hot x gives float(q - z) * float(s) bit for bit).
 //
+// MXFP4 with bf16 x (CODE_E2M1, FOLD below) takes the scale into the A registers instead: each
+// E2M1 value times its 2^(e - 127) is exact in bf16 for every e (at most two significant bits;
+// the smallest, 2^-128, is a bf16 subnormal; overflow to inf exactly where float32 overflows),
+// so the wgmmas accumulate all of K into `acc` with no group sum, no per-group wait, and the
+// warpgroup keeps one step's wgmmas in flight while it dequantizes the next.
+//
 // The release rule makes the refill safe: the tile refilled at step kt is the one of step
 // kt - 2, which every group (2 steps at most, G = 128) has finished with by the end of
 // step kt - 1, so thread 0 never waits on its own warpgroup's future.
@@ -114,6 +120,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
 #if defined(QG_HAS_WGMMA)
     typedef PrefillSmem<BN> Sm;
     constexpr int GC = 128 / G;
+    constexpr bool FOLD = CODE == CODE_E2M1 && XT == ELEM_BF16;  // the scale in A (file comment)
     constexpr int PD = PF_STAGES - 2;  // x tiles in flight ahead of the current step
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -154,21 +161,31 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc.d[i] = grp.d[i] = 0.f;
 
+    uint32_t a[2][4][4];  // A registers of the chunk's two steps (outside the loop: FOLD keeps one in flight)
     for (int kc = 0; kc < KC; ++kc) {
         const Chunk<GC> cur = c0;
         c0 = c1;
         load_chunk<GC, ASYM>(c1, p, rb, kc + 2, lane, rb_in && kc + 2 < KC);
-        uint32_t a[2][4][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int kt = 2 * kc + h;
             if (tid == 0 && kt + PD < KT) issue(kt + PD);
             // zero-points of the four k16 steps: step j of half h is in group (64 h + 16 j) / G
             if constexpr (CODE == CODE_E2M1) {
-                e2m1_word<XT>(cur.w[h].x, a[h][0]);
-                e2m1_word<XT>(cur.w[h].y, a[h][1]);
-                e2m1_word<XT>(cur.w[h].z, a[h][2]);
-                e2m1_word<XT>(cur.w[h].w, a[h][3]);
+                const uint32_t words[4] = {cur.w[h].x, cur.w[h].y, cur.w[h].z, cur.w[h].w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    e2m1_word<XT>(words[j], a[h][j]);
+                    if constexpr (FOLD) {
+                        // step j is in group 2h + j/2 (G = 32); rows g (a0, a2) and g + 8 (a1, a3)
+                        const uint32_t sw = cur.s[2 * h + j / 2];
+                        const uint32_t s_g = __byte_perm(sw, 0, 0x1010), s_g8 = __byte_perm(sw, 0, 0x3232);
+                        a[h][j][0] = mul_bf16x2(a[h][j][0], s_g);
+                        a[h][j][1] = mul_bf16x2(a[h][j][1], s_g8);
+                        a[h][j][2] = mul_bf16x2(a[h][j][2], s_g);
+                        a[h][j][3] = mul_bf16x2(a[h][j][3], s_g8);
+                    }
+                }
             } else {
                 uint32_t nz0[4], nz1[4];
 #pragma unroll
@@ -184,7 +201,15 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
             mbar_wait(&full[s], (kt / PF_STAGES) & 1);
             const unsigned char* tile = smem + s * Sm::B_BYTES;
             wgmma_fence();
-            if constexpr (G == 32) {
+            if constexpr (FOLD) {
+                // all of K into acc; wait for the previous step only, then release its tile
+#pragma unroll
+                for (int j = 0; j < 4; ++j) wgmma_m64k16<XT, BN>(acc, a[h][j], wgmma_desc_k128b(tile + 32 * j), 1);
+                wgmma_commit();
+                wgmma_fence_acc(acc);
+                wgmma_wait<1>();
+                if (lane == 0 && kt > 0) mbar_arrive(&empty[(kt - 1) % PF_STAGES]);
+            } else if constexpr (G == 32) {
                 // two groups per step: each is two k16 wgmmas, waited for and scaled
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
@@ -213,6 +238,8 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
             }
         }
     }
+
+    if constexpr (FOLD) wgmma_wait<0>();
 
     // ---- epilogue: d[4j + i] = row 16 w + g + 8 (i >> 1), token 8 j + 2 t + (i & 1)
     const int n0 = rb * 16 + g;

@@ -1,5 +1,12 @@
-// The MXFP4 tier tables: dense GEMM and the three MoE launches. Only the CPU tier exists
-// so far (GPU tiers: issue "MXFP4 on the GPU"); a GPU context is refused by its tables.
+// The MXFP4 tier tables: dense GEMM and the three MoE launches. Dense GEMM:
+//
+//   name                 option  layouts          where
+//   cpu                  -       both             CPU contexts (src/cpu/mxfp4.cpp)
+//   <gpu>:decode_frag    2       frag             NVIDIA sm_80+, mma.sync, M <= 16 per launch
+//   <gpu>:prefill_wgmma  3       frag             NVIDIA sm_90a, wgmma, any M
+//
+// (the W4A16 frag kernels on E2M1 nibbles: src/gpu/mxfp4_launch.cpp). The MoE launches have
+// only the CPU tier so far (issue "MXFP4 on the GPU"); a GPU context is refused by them.
 #include "tier_table.h"
 
 namespace qg {
@@ -22,7 +29,40 @@ const Tier<qg_moe_align_args> kAlignCpu = {"cpu", 0, cpu_usable<qg_moe_align_arg
 const Tier<qg_moe_stage1_args> kStage1Cpu = {"cpu", 0, cpu_usable<qg_moe_stage1_args>, nullptr, stage1_launch};
 const Tier<qg_moe_stage2_args> kStage2Cpu = {"cpu", 0, cpu_usable<qg_moe_stage2_args>, nullptr, stage2_launch};
 
-const Tier<qg_mxfp4_gemm_args>* const kGemmTiers[] = {&kGemmCpu};
+const Tier<qg_mxfp4_gemm_args>* const kGemmTiers[] = {
+    &kGemmCpu,
+#if defined(QG_HAVE_GPU)
+    &gpu_mxfp4_decode_frag_tier,
+    &gpu_mxfp4_prefill_tier,
+#endif
+};
+
+// Dense GEMM: the W4A16 frag policy (src/w4a16_tiers.cpp), the same kernels: above 16 rows
+// the prefill tier, unless its grid would be starved; else decode per 16 rows.
+const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp4_gemm_args& a,
+                                             const char** reason) {
+    if (!on_gpu(ctx)) {
+        *reason = "CPU context";
+        return &kGemmCpu;
+    }
+#if defined(QG_HAVE_GPU)
+    constexpr int64_t kDecodeRows = 16;
+    const bool many_rows = a.m > kDecodeRows;
+    const bool starved = frag_prefill_starved(ctx, a.m, a.n, a.k);
+    if (many_rows && !starved && usable(gpu_mxfp4_prefill_tier, ctx, a)) {
+        *reason = "m > 16: prefill on wgmma";
+        return &gpu_mxfp4_prefill_tier;
+    }
+    if (usable(gpu_mxfp4_decode_frag_tier, ctx, a)) {
+        *reason = !many_rows ? "m <= 16: memory-bound decode"
+                  : starved  ? "m <= 48, a prefill grid under one wave with k >= 8192: decode per 16 rows"
+                             : "no wgmma here: decode per 16 rows";
+        return &gpu_mxfp4_decode_frag_tier;
+    }
+#endif
+    *reason = "";
+    return nullptr;  // select_tier names every tier's reason
+}
 const Tier<qg_moe_align_args>* const kAlignTiers[] = {&kAlignCpu};
 const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu};
 const Tier<qg_moe_stage2_args>* const kStage2Tiers[] = {&kStage2Cpu};
@@ -42,7 +82,11 @@ const Tier<Args>* choose_first(const qg_context* ctx, const Args& a, const char*
                                               choose_first<ARGS, FN>};                                     \
         return table;                                                                                      \
     }
-QG_TABLE(mxfp4_tier_table, qg_mxfp4_gemm_args, "mxfp4", kGemmTiers)
+const TierTable<qg_mxfp4_gemm_args>& mxfp4_tier_table() {
+    static const TierTable<qg_mxfp4_gemm_args> table = {"mxfp4", kGemmTiers,
+                                                        sizeof(kGemmTiers) / sizeof(kGemmTiers[0]), choose_gemm};
+    return table;
+}
 QG_TABLE(moe_align_tier_table, qg_moe_align_args, "moe", kAlignTiers)
 QG_TABLE(moe_stage1_tier_table, qg_moe_stage1_args, "moe", kStage1Tiers)
 QG_TABLE(moe_stage2_tier_table, qg_moe_stage2_args, "moe", kStage2Tiers)

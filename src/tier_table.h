@@ -67,6 +67,10 @@ extern const Tier<qg_gguf_gemm_args> gpu_gguf_int8_tier;          // int8 x, mma
 extern const Tier<qg_gguf_gemm_args> gpu_gguf_prefill_tier;       // bf16 tiles, wgmma (sm_90a)
 extern const Tier<qg_mxfp4_gemm_args> gpu_mxfp4_decode_frag_tier; // mma.sync, frag layout
 extern const Tier<qg_mxfp4_gemm_args> gpu_mxfp4_prefill_tier;      // wgmma (sm_90a), frag layout
+// The frag prefill kernel's grid under one wave with a long K is latency-bound (one 128-row
+// tile per SM streams all of K; no split-K yet): there the decode tier per 16 rows is faster
+// (src/gpu/w4a16_prefill_launch.cpp; measured on the H200: bench/NOTES.md, "W4A16 prefill").
+bool frag_prefill_starved(const qg_context* ctx, int64_t m, int64_t n, int64_t k);
 #endif
 
 inline bool on_gpu(const qg_context* ctx) { return ctx->backend != QG_BACKEND_CPU; }

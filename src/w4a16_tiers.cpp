@@ -45,12 +45,11 @@ const Tier<qg_w4a16_gemm_args>* choose(const qg_context* ctx, const qg_w4a16_gem
     // them per 16 rows, so above 16 rows the prefill tier wins wherever it runs (measured
     // crossover: bench/NOTES.md, "W4A16 prefill")
     const bool many_rows = a.m > kDecodeRows;
-    // A prefill grid under one wave with a long K is latency-bound (one 128-row tile per SM
-    // streams all of K; no split-K yet): measured on the H200 (bench/NOTES.md, "W4A16
-    // prefill"), 5376x21504 M=32: prefill 145 us, two 16-row decode launches 83 us;
-    // 4096x14336 M=32: 98 vs 64 us; from M = 64 the prefill wins again (145 vs 166 us).
-    const int64_t prefill_blocks = (a.n + 127) / 128 * ((a.m + 63) / 64);
-    const bool prefill_starved = prefill_blocks < ctx->sm_count && a.k >= 8192 && a.m <= 48;
+    // A prefill grid under one wave with a long K is latency-bound: measured on the H200
+    // (bench/NOTES.md, "W4A16 prefill"), 5376x21504 M=32: prefill 145 us, two 16-row decode
+    // launches 83 us; 4096x14336 M=32: 98 vs 64 us; from M = 64 the prefill wins again (145
+    // vs 166 us).
+    const bool prefill_starved = frag_prefill_starved(ctx, a.m, a.n, a.k);
     if (many_rows && !prefill_starved && usable(gpu_w4a16_prefill_tier, ctx, a)) {
         *reason = "m > 16 on the frag layout: prefill on wgmma";
         return &gpu_w4a16_prefill_tier;

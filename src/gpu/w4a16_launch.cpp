@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "formats/w4a16_frag.h"
+#include "frag_launch.h"
 #include "launch_util.h"
 #include "tier_table.h"
 #include "w4a16_kernels.h"
@@ -212,17 +213,24 @@ qg_status decode_mma_launch(const qg_context* ctx, const Args& a, qg_stream stre
 
 int frag_smem(int mt, int) { return mt == 1 ? FragStage<1>::SMEM : FragStage<2>::SMEM; }
 
-int frag_resident(const qg_context* ctx, int x_type, int mt, int group_size, bool asym) {
-    return launch_util::resident_blocks(ctx, decode_frag_kernel(x_type, mt, group_size, asym), FRAG_THREADS,
+int frag_resident(const qg_context* ctx, int x_type, int mt, int group_size, bool asym, int code) {
+    return launch_util::resident_blocks(ctx, decode_frag_kernel(x_type, mt, group_size, asym, code), FRAG_THREADS,
                                         frag_smem(mt, group_size));
 }
 
 bool decode_frag_usable(const qg_context* ctx, const Args& a, const char** why) {
-    if (!gpu_context_only(ctx, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why)) return false;
+    if (!gpu_context_only(ctx, why)) return false;
     if (!is_frag(a)) {
         *why = "reads the frag layout (qg_w4a16_repack); decode_mma serves the canonical one";
         return false;
     }
+    return frag_launch::decode_usable(ctx, a, why);
+}
+
+}  // namespace
+
+bool frag_launch::decode_usable(const qg_context* ctx, const Args& a, const char** why) {
+    if (!gpu_context_only(ctx, why) || !fits_int32(a, why) || !mma_sync_device(ctx, why)) return false;
     if (!aligned16(a.x) || a.ldx % 8 != 0) {
         *why = "copies x 16 bytes at a time: x must be 16-byte aligned and ldx a multiple of 8";
         return false;
@@ -230,11 +238,13 @@ bool decode_frag_usable(const qg_context* ctx, const Args& a, const char** why) 
     return true;
 }
 
+namespace {
+
 struct FragPlan {
     int mt = 1, k_chunks = 0, row_blocks = 0, row_tiles = 0, blocks = 0, max_contributors = 1;
 };
 
-bool frag_plan(const qg_context* ctx, const Args& a, FragPlan* plan) {
+bool frag_plan(const qg_context* ctx, const Args& a, int code, FragPlan* plan) {
     const frag::Geometry geo(a.n, a.k, a.group_size);
     plan->mt = std::min<int64_t>(a.m, kDecodeRows) > 8 ? 2 : 1;
     plan->k_chunks = static_cast<int>(geo.k_chunks);
@@ -243,8 +253,8 @@ bool frag_plan(const qg_context* ctx, const Args& a, FragPlan* plan) {
     const int64_t units = static_cast<int64_t>(plan->row_tiles) * plan->k_chunks;
     const int x_type = elem_type(a.x_dtype);
     const bool asym = a.qzeros != nullptr;
-    const int resident = std::min(frag_resident(ctx, x_type, plan->mt, a.group_size, asym),
-                                  frag_resident(ctx, x_type, 1, a.group_size, asym));
+    const int resident = std::min(frag_resident(ctx, x_type, plan->mt, a.group_size, asym, code),
+                                  frag_resident(ctx, x_type, 1, a.group_size, asym, code));
     if (resident == 0) return false;
     int64_t blocks = static_cast<int64_t>(std::max(ctx->sm_count, 1)) * resident;
     if (ctx->split_k > 0) blocks = static_cast<int64_t>(plan->row_tiles) * ctx->split_k;
@@ -258,22 +268,25 @@ size_t frag_partial_bytes(const FragPlan& plan) {
     return static_cast<size_t>(plan.row_tiles) * plan.max_contributors * 16 * FRAG_TILE_ROWS * sizeof(float);
 }
 
-size_t decode_frag_workspace(const qg_context* ctx, const Args& a) {
+}  // namespace
+
+size_t frag_launch::decode_workspace(const qg_context* ctx, const Args& a, int code) {
     FragPlan plan;
-    if (!frag_plan(ctx, a, &plan) || plan.max_contributors == 1) return 0;
+    if (!frag_plan(ctx, a, code, &plan) || plan.max_contributors == 1) return 0;
     return counters_bytes(plan.row_tiles) + frag_partial_bytes(plan);
 }
 
-qg_status decode_frag_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
+qg_status frag_launch::decode(const qg_context* ctx, const Args& a, int code, qg_stream stream) {
+    const char* family = code == CODE_E2M1 ? "mxfp4" : "w4a16";
     FragPlan plan;
-    if (!frag_plan(ctx, a, &plan))
-        return set_error(QG_ERR_DEVICE, "w4a16 decode_frag cannot be made resident (%d bytes of shared memory)",
-                         frag_smem(plan.mt, a.group_size));
+    if (!frag_plan(ctx, a, code, &plan))
+        return set_error(QG_ERR_DEVICE, "%s decode_frag cannot be made resident (%d bytes of shared memory)",
+                         family, frag_smem(plan.mt, a.group_size));
     if (log_enabled())
-        log_once("w4a16 decode_frag m=%lld n=%lld k=%lld g=%d %s: mt=%d row_tiles=%d chunks=%d blocks=%d "
+        log_once("%s decode_frag m=%lld n=%lld k=%lld g=%d %s: mt=%d row_tiles=%d chunks=%d blocks=%d "
                  "max_contributors=%d smem=%d%s",
-                 static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k), a.group_size,
-                 a.qzeros ? "asym" : "sym", plan.mt, plan.row_tiles, plan.k_chunks, plan.blocks,
+                 family, static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k),
+                 a.group_size, code == CODE_E2M1 ? "e2m1" : a.qzeros ? "asym" : "sym", plan.mt, plan.row_tiles, plan.k_chunks, plan.blocks,
                  plan.max_contributors, frag_smem(plan.mt, a.group_size),
                  a.m > kDecodeRows ? " (one launch per 16 rows)" : "");
     FragParams p{};
@@ -299,10 +312,18 @@ qg_status decode_frag_launch(const qg_context* ctx, const Args& a, qg_stream str
     const bool asym = a.qzeros != nullptr;
     return launch_by_16_rows(
         a, p, plan.mt, plan.blocks, FRAG_THREADS,
-        [&](int mt) { return decode_frag_kernel(x_type, mt, a.group_size, asym); },
-        [&](int mt) { return frag_smem(mt, a.group_size); }, stream, "w4a16 decode_frag");
+        [&](int mt) { return decode_frag_kernel(x_type, mt, a.group_size, asym, code); },
+        [&](int mt) { return frag_smem(mt, a.group_size); }, stream,
+        code == CODE_E2M1 ? "mxfp4 decode_frag" : "w4a16 decode_frag");
 }
 
+namespace {
+size_t decode_frag_workspace(const qg_context* ctx, const Args& a) {
+    return frag_launch::decode_workspace(ctx, a, CODE_INT4);
+}
+qg_status decode_frag_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
+    return frag_launch::decode(ctx, a, CODE_INT4, stream);
+}
 }  // namespace
 
 const Tier<Args> gpu_w4a16_simt_tier = {QG_GPU_RUNTIME_NAME ":simt", 1, simt_usable, nullptr, simt_launch};
@@ -313,8 +334,18 @@ const Tier<Args> gpu_w4a16_decode_frag_tier = {QG_GPU_RUNTIME_NAME ":decode_frag
 
 // ================================================================ repack on the device
 
+qg_status frag_launch::repack(const RepackParams& p, qg_stream stream) {
+    const frag::Geometry geo(p.n, p.k, p.group_size);
+    const hipStream_t s = static_cast<hipStream_t>(stream);
+    repack_frag_weights<<<static_cast<unsigned>(ceil_div(geo.qweight_bytes() / 4, REPACK_THREADS)), REPACK_THREADS, 0,
+                          s>>>(p);
+    qg_status st = gpu_check_launch("frag repack (weights)");
+    if (st != QG_OK) return st;
+    repack_frag_scales<<<static_cast<unsigned>(ceil_div(geo.qzeros_bytes(), REPACK_THREADS)), REPACK_THREADS, 0, s>>>(p);
+    return gpu_check_launch("frag repack (scales, zeros)");
+}
+
 qg_status gpu_w4a16_repack(const qg_context*, const qg_w4a16_repack_args& a, qg_stream stream) {
-    const frag::Geometry geo(a.n, a.k, a.group_size);
     RepackParams p{};
     p.qweight = reinterpret_cast<const uint32_t*>(a.qweight);
     p.scales = static_cast<const uint16_t*>(a.scales);
@@ -325,13 +356,7 @@ qg_status gpu_w4a16_repack(const qg_context*, const qg_w4a16_repack_args& a, qg_
     p.n = a.n;
     p.k = a.k;
     p.group_size = a.group_size;
-    const hipStream_t s = static_cast<hipStream_t>(stream);
-    repack_frag_weights<<<static_cast<unsigned>(ceil_div(geo.qweight_bytes() / 4, REPACK_THREADS)), REPACK_THREADS, 0,
-                          s>>>(p);
-    qg_status st = gpu_check_launch("w4a16 repack (weights)");
-    if (st != QG_OK) return st;
-    repack_frag_scales<<<static_cast<unsigned>(ceil_div(geo.qzeros_bytes(), REPACK_THREADS)), REPACK_THREADS, 0, s>>>(p);
-    return gpu_check_launch("w4a16 repack (scales, zeros)");
+    return frag_launch::repack(p, stream);
 }
 
 }  // namespace qg

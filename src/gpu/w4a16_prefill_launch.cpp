@@ -3,6 +3,7 @@
 #include <stdint.h>
 
 #include "formats/w4a16_frag.h"
+#include "frag_launch.h"
 #include "launch_util.h"
 #include "tier_table.h"
 #include "wgmma_gate.h"
@@ -18,11 +19,27 @@ typedef qg_w4a16_gemm_args Args;
 using launch_util::elem_type;
 
 bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
-    if (!wgmma_tier_usable(ctx, a.x, a.ldx, why)) return false;
+    if (!gpu_context_only(ctx, why)) return false;
     if (a.layout != QG_W4A16_LAYOUT_FRAG) {
         *why = "reads the frag layout (qg_w4a16_repack)";
         return false;
     }
+    return frag_launch::prefill_usable(ctx, a, why);
+}
+
+qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
+    return frag_launch::prefill(ctx, a, CODE_INT4, stream);
+}
+
+}  // namespace
+
+bool frag_prefill_starved(const qg_context* ctx, int64_t m, int64_t n, int64_t k) {
+    const int64_t prefill_blocks = (n + PF_ROWS - 1) / PF_ROWS * ((m + 63) / 64);
+    return prefill_blocks < ctx->sm_count && k >= 8192 && m <= 48;
+}
+
+bool frag_launch::prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
+    if (!wgmma_tier_usable(ctx, a.x, a.ldx, why)) return false;
     if (a.n >= (int64_t(1) << 31) || a.k >= (int64_t(1) << 31) || a.m >= (int64_t(1) << 31) ||
         a.ldx >= (int64_t(1) << 38)) {
         *why = "m, n, k must be below 2^31 and ldx below 2^38 (32-bit indices, TMA strides)";
@@ -31,9 +48,9 @@ bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
     return true;
 }
 
-
-qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
+qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, qg_stream stream) {
 #if defined(QG_HAVE_TENSOR_MAPS)
+    const char* what = code == CODE_E2M1 ? "mxfp4 prefill_wgmma" : "w4a16 prefill_wgmma";
     const frag::Geometry geo(a.n, a.k, a.group_size);
     // 64-token tiles when 128 would leave most of one empty (m <= 64) or the grid short of
     // two waves (measured: bench/NOTES.md, "W4A16 prefill")
@@ -43,10 +60,10 @@ qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream)
     const int bn = small_m || few_blocks ? 64 : 128;
     const int x_type = elem_type(a.x_dtype);
     const bool asym = a.qzeros != nullptr;
-    const void* kernel = prefill_kernel(x_type, bn, a.group_size, asym);
+    const void* kernel = prefill_kernel(x_type, bn, a.group_size, asym, code);
     const int smem = bn == 128 ? PrefillSmem<128>::SMEM : PrefillSmem<64>::SMEM;
-    if (kernel == nullptr) return set_error(QG_ERR_INTERNAL, "w4a16 prefill_wgmma: no kernel for bn=%d", bn);
-    qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, "w4a16 prefill_wgmma");
+    if (kernel == nullptr) return set_error(QG_ERR_INTERNAL, "%s: no kernel for bn=%d", what, bn);
+    qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, what);
     if (st != QG_OK) return st;
     qg_tensor_map map;
     st = launch_util::encode_x_map(a.x, a.m, a.k, a.ldx, a.x_dtype, bn, &map, "w4a16 prefill");
@@ -67,18 +84,16 @@ qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream)
     p.bias = launch_util::bias_of(a);
     const dim3 grid(static_cast<unsigned>(ceil_div(a.m, bn)), static_cast<unsigned>(row_tiles));
     if (log_enabled())
-        log_once("w4a16 prefill_wgmma m=%lld n=%lld k=%lld g=%d %s: tile 128 rows x %d tokens, grid %u x %u, smem %d",
+        log_once("%s m=%lld n=%lld k=%lld g=%d %s: tile 128 rows x %d tokens, grid %u x %u, smem %d", what,
                  static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k), a.group_size,
-                 asym ? "asym" : "sym", bn, grid.x, grid.y, smem);
+                 code == CODE_E2M1 ? "e2m1" : asym ? "asym" : "sym", bn, grid.x, grid.y, smem);
     return launch_util::launch_with_map(kernel, grid, PF_THREADS, smem, static_cast<hipStream_t>(stream), map, p,
-                                        "w4a16 prefill_wgmma");
+                                        what);
 #else
-    (void)ctx, (void)a, (void)stream;
+    (void)ctx, (void)a, (void)code, (void)stream;
     return set_error(QG_ERR_INTERNAL, "unreachable: prefill_wgmma without tensor maps");
 #endif
 }
-
-}  // namespace
 
 const Tier<Args> gpu_w4a16_prefill_tier = {QG_GPU_RUNTIME_NAME ":prefill_wgmma", 3, prefill_usable, nullptr,
                                            prefill_launch};

@@ -1,0 +1,28 @@
+// The frag-layout GPU kernels (hip/w4a16_decode_frag.hip, hip/w4a16_prefill.hip) behind two
+// families' tiers: W4A16 (CODE_INT4, src/gpu/w4a16_*launch.cpp) and MXFP4 (CODE_E2M1, which
+// src/gpu/mxfp4_launch.cpp states as a W4A16 frag call of G = 32, bf16 scales, no zeros).
+// Arguments were validated by src/api.cpp; `usable` states what the kernels need.
+#pragma once
+
+#include <stddef.h>
+
+#include "tier_table.h"
+#include "w4a16_kernels.h"
+
+namespace qg {
+namespace frag_launch {
+
+// decode_frag: M <= 16 per launch (larger M: one launch per 16 rows), mma.sync (sm_80+)
+bool decode_usable(const qg_context* ctx, const qg_w4a16_gemm_args& a, const char** why);
+size_t decode_workspace(const qg_context* ctx, const qg_w4a16_gemm_args& a, int code);
+qg_status decode(const qg_context* ctx, const qg_w4a16_gemm_args& a, int code, qg_stream stream);
+
+// prefill_wgmma: any M, wgmma + TMA (sm_90a)
+bool prefill_usable(const qg_context* ctx, const qg_w4a16_gemm_args& a, const char** why);
+qg_status prefill(const qg_context* ctx, const qg_w4a16_gemm_args& a, int code, qg_stream stream);
+
+// The repack kernels (hip/w4a16_repack.hip) on `stream`.
+qg_status repack(const w4a16::RepackParams& p, qg_stream stream);
+
+}  // namespace frag_launch
+}  // namespace qg
