@@ -81,27 +81,44 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t w_shifted, uint32_t ne
     return out;
 }
 
-// E2M1 (MXFP4) codes of nibble pair P (bits 4P..4P+3 and 16+4P.., sign in bit 3 of each
-// nibble) as two 16-bit floats equal to the code's value {0, .5, 1, 1.5, 2, 3, 4, 6} exactly.
-// The sign goes to bit 15 and the three magnitude bits (exponent e1 e0, mantissa m) to the
-// format's two low exponent bits and top mantissa bit: read as bf16 that is the value times
-// 2^-126 (fp16: 2^-14), the codes 0.5 as a subnormal; one multiply by 2^126 (fp16 2^14), a
-// power of two on half-precision arithmetic that keeps subnormals, gives the value exactly.
-// 2 shifts, 2 lop3, 1 fma per pair (the fma adds -0, which keeps a negative zero's sign).
-template <int XT, int P>
-__device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
-    constexpr int kMagLow = XT == ELEM_BF16 ? 6 : 9;  // bit of the magnitude's low bit
+// E2M1 (MXFP4) codes as 16-bit floats equal to their values {0, .5, 1, 1.5, 2, 3, 4, 6} with
+// sign, exactly. A pair's sign goes to bit 15 and its three magnitude bits (exponent e1 e0,
+// mantissa m) to the format's two low exponent bits and top mantissa bit: read as bf16 that
+// is the value times 2^-126 (fp16: 2^-14), the code 0.5 a subnormal; one fma by 2^126 (fp16
+// 2^14), a power of two on half-precision arithmetic that keeps subnormals, gives the value
+// (the fma adds -0, which keeps a negative zero's sign).
+template <int XT>
+__device__ __forceinline__ uint32_t e2m1_scale(uint32_t placed) {
     constexpr uint32_t kScale = XT == ELEM_BF16 ? 0x7e807e80u : 0x74007400u;  // 2^126, 2^14
-    constexpr uint32_t kNegZero = 0x80008000u;
-    const uint32_t mag = kMagLow >= 4 * P ? w << (kMagLow - 4 * P) : w >> (4 * P - kMagLow);
-    const uint32_t v = (mag & (0x00070007u << kMagLow)) | ((w << (12 - 4 * P)) & 0x80008000u);
     uint32_t out;
     if (XT == ELEM_BF16) {
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(v), "r"(kScale), "r"(kNegZero));
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(placed), "r"(kScale), "r"(0x80008000u));
     } else {
-        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(v), "r"(kScale), "r"(kNegZero));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(placed), "r"(kScale), "r"(0x80008000u));
     }
     return out;
+}
+
+__device__ __forceinline__ uint32_t rotl32(uint32_t w, int r) { return __funnelshift_l(w, w, r); }
+
+// One MXFP4 frag word (the bit placement of src/formats/w4a16_frag.h, e2m1_bit) -> the four A
+// registers of its k16 step, a[p] = pair p. bf16: the rotation puts pair p's bits at 6, 7, 8,
+// 15 (+16): 1 rotate + 1 lop3 for pairs 0..2, 1 rotate + 2 lop3 for pair 3, 4 fma. fp16 wants
+// the magnitude three bits higher (9..11): one more rotate per pair.
+template <int XT>
+__device__ __forceinline__ void e2m1_word(uint32_t w, uint32_t (&a)[4]) {
+    constexpr uint32_t kSign = 0x80008000u, kMag = 0x01c001c0u;
+    if (XT == ELEM_BF16) {
+        a[0] = e2m1_scale<XT>(rotl32(w, 6) & (kSign | kMag));
+        a[1] = e2m1_scale<XT>(rotl32(w, 2) & (kSign | kMag));
+        a[2] = e2m1_scale<XT>(rotl32(w, 12) & (kSign | kMag));
+        a[3] = e2m1_scale<XT>((w & 0x81808180u) | (rotl32(w, 8) & 0x00400040u));
+    } else {
+        a[0] = e2m1_scale<XT>((rotl32(w, 6) & kSign) | (rotl32(w, 9) & (kMag << 3)));
+        a[1] = e2m1_scale<XT>((rotl32(w, 2) & kSign) | (rotl32(w, 5) & (kMag << 3)));
+        a[2] = e2m1_scale<XT>((rotl32(w, 12) & kSign) | (rotl32(w, 15) & (kMag << 3)));
+        a[3] = e2m1_scale<XT>((w & kSign) | (rotl32(w, 3) & 0x0c000c00u) | (rotl32(w, 11) & 0x02000200u));
+    }
 }
 
 // a * m on two bf16 (an fma with -0, which keeps a negative zero's sign).
@@ -109,16 +126,6 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t m) {
     uint32_t out;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(m), "r"(0x80008000u));
     return out;
-}
-
-// One frag-layout word of E2M1 codes -> the four A registers of its k16 step, in the pair
-// order of dequant_word (a[p] = pair p).
-template <int XT>
-__device__ __forceinline__ void e2m1_word(uint32_t w, uint32_t (&a)[4]) {
-    a[0] = e2m1_pair<XT, 0>(w);
-    a[1] = e2m1_pair<XT, 1>(w);
-    a[2] = e2m1_pair<XT, 2>(w);
-    a[3] = e2m1_pair<XT, 3>(w);
 }
 
 // The packed pair -(bias + z) for zero-point z (0..15): at the bias's exponent z adds one

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const Repa
             word |= ((w >> (4 * (k % 8))) & 15u) << (4 * j);
         }
     }
-    p.out_qweight[i] = word;
+    p.out_qweight[i] = p.e8m0 ? frag::e2m1_place(word) : word;  // MXFP4: its bit placement
 }
 
 // Output record (rb, kc, g, c): the scales of rows g and g+8 for group kc * GC + c (W4A16:

@@ -64,6 +64,33 @@ QG_FRAG_HD inline uint8_t e8m0_of_bf16(uint16_t b) {
     return b == 0x0040 ? uint8_t(0) : b == 0x7fc0 ? uint8_t(255) : static_cast<uint8_t>(b >> 7);
 }
 
+// MXFP4 weight words: the 8 E2M1 codes of a frag word (code j at bits 4j..4j+3 of the W4A16
+// word: A register p = j % 4, half h = j / 4) with their bits placed so that the decode
+// (hip/mma.h, e2m1_word) extracts pairs 0..2 with one rotate and one mask each and pair 3
+// with one rotate and two masks: code bit c (0 mantissa, 1-2 exponent, 3 sign) of (p, h)
+// sits at (target(c) + 16 h - rot(p, c)) mod 32, target = 6, 7, 8, 15 (bf16's top mantissa
+// bit, two low exponent bits, sign). No placement serves all four pairs with one rotate
+// each (four translates of {0, 1, 2, 9} do not tile Z16); this one costs 9 integer
+// instructions per word where the W4A16 nibble order would cost ~15 (bench/NOTES.md, MXFP4).
+QG_FRAG_HD inline int e2m1_rot(int p, int c) { return p == 0 ? 6 : p == 1 ? 2 : p == 2 ? 12 : c == 0 ? 8 : 0; }
+QG_FRAG_HD inline int e2m1_bit(int j, int c) {
+    const int target = c == 3 ? 15 : 6 + c;
+    return (target + 16 * (j >> 2) - e2m1_rot(j & 3, c) + 32) & 31;
+}
+// A frag word of codes (code j at bits 4j..) in the placement above, and back.
+QG_FRAG_HD inline uint32_t e2m1_place(uint32_t codes) {
+    uint32_t out = 0;
+    for (int j = 0; j < 8; ++j)
+        for (int c = 0; c < 4; ++c) out |= ((codes >> (4 * j + c)) & 1u) << e2m1_bit(j, c);
+    return out;
+}
+QG_FRAG_HD inline uint32_t e2m1_unplace(uint32_t placed) {
+    uint32_t out = 0;
+    for (int j = 0; j < 8; ++j)
+        for (int c = 0; c < 4; ++c) out |= ((placed >> e2m1_bit(j, c)) & 1u) << (4 * j + c);
+    return out;
+}
+
 struct Geometry {
     int64_t n, k;          // logical shape
     int group_size;        // G
