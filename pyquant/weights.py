@@ -236,10 +236,11 @@ def _aligned_host(nbytes: int, align: int = 64) -> np.ndarray:
     return raw[off: off + nbytes]
 
 
-def _out_plane(shape: tuple, dtype, nbytes: int, ctx: Context, on_dev: bool):
-    """An output plane of a repack, where the weight is: a DeviceArray in ctx, or a host
-    array of `nbytes` (the library's size query) at a 64-byte boundary."""
-    if on_dev:
+def _out_plane(shape: tuple, dtype, nbytes: int, ctx: Context, in_ctx: bool):
+    """An output plane of a repack, where the weight is: a DeviceArray of ctx (device memory,
+    or a CPU context's host memory), or a numpy array of `nbytes` (the library's size
+    query) at a 64-byte boundary."""
+    if in_ctx:
         return DeviceArray.empty(shape, dtype, ctx)
     return _aligned_host(nbytes).view(dtype).reshape(shape)
 
@@ -281,9 +282,9 @@ def _frag_planes(given: dict, planes: dict, what: str) -> dict:
 class _TwoLayouts(_Weight):
     """A weight with a canonical and a frag layout (Int4Weight, MXFP4Weight): .repack() and
     .to_device(layout=...) for both. A subclass says how to make each: _canonical_weight()
-    (host, canonical), _repack_frag(ctx, on_dev, stream) (the library's repack into new
-    planes where the weight is), and _frag_refusal() (why this weight has no frag layout,
-    or None)."""
+    (host, canonical), _repack_frag(ctx, in_ctx, stream) (the library's repack into new
+    planes where the weight is: DeviceArrays of ctx when in_ctx, else numpy), and
+    _frag_refusal() (why this weight has no frag layout, or None)."""
 
     layout = "canonical"
 
@@ -307,7 +308,7 @@ class _TwoLayouts(_Weight):
             raise _err(why)
         on_dev = self.is_device
         ctx = self.ctx if self.ctx is not None else (gpu_context() if on_dev else cpu_context())
-        out = self._repack_frag(ctx, on_dev, stream)
+        out = self._repack_frag(ctx, on_dev or self.ctx is not None, stream)
         if on_dev:
             ctx.synchronize(stream)
         return out
@@ -426,7 +427,7 @@ class Int4Weight(_TwoLayouts):
     def _canonical_weight(self) -> "Int4Weight":
         return Int4Weight(*self.canonical_arrays(), self.group_size, bias=self._host("bias"))
 
-    def _repack_frag(self, ctx: Context, on_dev: bool, stream) -> "Int4Weight":
+    def _repack_frag(self, ctx: Context, in_ctx: bool, stream) -> "Int4Weight":
         n, k = self.shape
         args = _lib.qg_w4a16_repack_args(
             layout=_lib.W4A16Layout.QG_W4A16_LAYOUT_FRAG, n=n, k=k, group_size=self.group_size,
@@ -435,9 +436,9 @@ class Int4Weight(_TwoLayouts):
         _lib.qg_w4a16_repack_size(ctypes.byref(args), *(ctypes.byref(v) for v in sizes))
         nq, ns, nz = (v.value for v in sizes)
         planes = _frag.plane_shapes(n, k, self.group_size)
-        out_q = _out_plane(planes["qweight"], np.int32, nq, ctx, on_dev)
-        out_s = _out_plane(planes["scales"], self.scales.dtype, ns, ctx, on_dev)
-        out_z = None if self.qzeros is None else _out_plane(planes["qzeros"], np.uint8, nz, ctx, on_dev)
+        out_q = _out_plane(planes["qweight"], np.int32, nq, ctx, in_ctx)
+        out_s = _out_plane(planes["scales"], self.scales.dtype, ns, ctx, in_ctx)
+        out_z = None if self.qzeros is None else _out_plane(planes["qzeros"], np.uint8, nz, ctx, in_ctx)
         args.qweight, args.scales, args.qzeros = (_address(a) for a in (self.qweight, self.scales, self.qzeros))
         args.out_qweight, args.out_scales, args.out_qzeros = (_address(a) for a in (out_q, out_s, out_z))
         _lib.qg_w4a16_repack(ctx.handle, ctypes.byref(args), stream_handle(stream))
@@ -672,14 +673,14 @@ class MXFP4Weight(_TwoLayouts):
     def _canonical_weight(self) -> "MXFP4Weight":
         return MXFP4Weight(*self.canonical_arrays(), bias=self._host("bias"))
 
-    def _repack_frag(self, ctx: Context, on_dev: bool, stream) -> "MXFP4Weight":
+    def _repack_frag(self, ctx: Context, in_ctx: bool, stream) -> "MXFP4Weight":
         n, k = self.shape
         args = _lib.qg_mxfp4_repack_args(layout=_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG, n=n, k=k)
         nb, ns = ctypes.c_size_t(0), ctypes.c_size_t(0)
         _lib.qg_mxfp4_repack_size(ctypes.byref(args), ctypes.byref(nb), ctypes.byref(ns))
         planes = _mxfrag.plane_shapes(n, k)
-        out_b = _out_plane(planes["blocks"], np.int32, nb.value, ctx, on_dev)
-        out_s = _out_plane(planes["scales"], BFLOAT16, ns.value, ctx, on_dev)
+        out_b = _out_plane(planes["blocks"], np.int32, nb.value, ctx, in_ctx)
+        out_s = _out_plane(planes["scales"], BFLOAT16, ns.value, ctx, in_ctx)
         args.blocks, args.scales = _address(self.blocks), _address(self.scales)
         args.out_blocks, args.out_scales = _address(out_b), _address(out_s)
         _lib.qg_mxfp4_repack(ctx.handle, ctypes.byref(args), stream_handle(stream))
