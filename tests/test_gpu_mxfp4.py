@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import pyquant
+from conftest import one_hot_case
 from pyquant import _lib, tiers
 from pyquant.formats import mxfp4_frag, reference
 
@@ -138,15 +139,12 @@ def test_mxfp4_gpu_one_hot(rng, gpu_ctx, assert_bitwise_equal):
         w.scales.reshape(-1)[:3] = (0, 1, 252)   # the host arrays of w: the extremes, before to_device
         wd = w.to_device(gpu_ctx)
         for m_extra, x_dt in ((0, F16), (k, BF16)):   # M = K (decode and prefill sizes), M = 2K
-            perm = np.concatenate([rng.permutation(k), rng.permutation(k)[:m_extra]])
-            x = np.zeros((len(perm), k), np.float32)
-            x[np.arange(len(perm)), perm] = 1
-            want = np.ascontiguousarray(w.dequantize()[:, perm].T + np.float32(0))
+            x, want = one_hot_case(rng, w.dequantize(), m_extra)
             xd = pyquant.DeviceArray.from_numpy(x.astype(x_dt), gpu_ctx)
 
             def check(tier):
                 y = pyquant.gemm(xd, wd, out_dtype=np.float32).to_numpy() + np.float32(0)
-                assert_bitwise_equal(y, want, f"one-hot mxfp4 tier={tier} n={n} k={k} m={len(perm)} x={x_dt}")
+                assert_bitwise_equal(y, want, f"one-hot mxfp4 tier={tier} n={n} k={k} m={len(x)} x={x_dt}")
             _each_tier(gpu_ctx, check)
 
 
