@@ -19,6 +19,7 @@ import pytest
 
 import pyquant
 from conftest import one_hot_case
+from test_api_cpu import random_mxfp4
 from pyquant import _lib, tiers
 from pyquant.formats import mxfp4_frag, reference
 
@@ -29,6 +30,7 @@ F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 U32 = 2.0 ** -24
 UNIT_ROUNDOFF = {F32: 2.0 ** -24, F16: 2.0 ** -11, BF16: 2.0 ** -8}
 M_VALUES = (1, 2, 4, 8, 16, 17, 64, 300, 517)
+E_FINITE = (118, 130)   # E8M0 scales 2^-9 .. 2^3: finite sums far from overflow
 K_OF_N = {8: 32, 136: 96, 4104: 4096 + 32}   # one block; three (padded); a real K
 
 
@@ -58,14 +60,6 @@ def _tier(suffix: str) -> str | None:
 def random_x(rng, m, k, dtype):
     x = rng.standard_normal((m, k))
     return np.where(np.abs(x) < 1e-3, 0.5, x).astype(np.float32).astype(dtype)
-
-
-def random_mxfp4(rng, n, k, e_range=(118, 131), bias_dt=None):
-    """Every code; E8M0 scales 2^-9 .. 2^3 (finite sums far from overflow)."""
-    blocks = rng.integers(0, 256, size=(n, k // 32, 16), dtype=np.uint8)
-    scales = rng.integers(*e_range, size=(n, k // 32), dtype=np.uint8)
-    bias = None if bias_dt is None else rng.standard_normal(n).astype(np.float32).astype(bias_dt)
-    return pyquant.from_mxfp4(blocks, scales, bias)
 
 
 def _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, y_dt):
@@ -106,7 +100,7 @@ def test_mxfp4_gpu(rng, gpu_ctx, x_dt, n, poisoned_output, assert_close):
     alternates between x's dtype and fp32, the bias between none and one."""
     _need()
     k = K_OF_N[n]
-    plain = random_mxfp4(rng, n, k)
+    plain = random_mxfp4(rng, (n,), k, E_FINITE)
     biased = plain.with_bias(rng.standard_normal(n).astype(np.float32).astype(BF16))
     w_deq = plain.dequantize()
     devs = {False: plain.to_device(gpu_ctx), True: biased.to_device(gpu_ctx)}
@@ -135,7 +129,7 @@ def test_mxfp4_gpu_one_hot(rng, gpu_ctx, assert_bitwise_equal):
     order, which is not specified: zeros are compared as +0."""
     _need()
     for n, k in ((136, 256), (24, 96)):
-        w = random_mxfp4(rng, n, k, e_range=(0, 253))
+        w = random_mxfp4(rng, (n,), k, e_range=(0, 252))
         w.scales.reshape(-1)[:3] = (0, 1, 252)   # the host arrays of w: the extremes, before to_device
         wd = w.to_device(gpu_ctx)
         for m_extra, x_dt in ((0, F16), (k, BF16)):   # M = K (decode and prefill sizes), M = 2K
@@ -152,7 +146,7 @@ def test_mxfp4_gpu_nan_scale(rng, gpu_ctx, poisoned_output):
     """A block with e = 255 (NaN in MX) makes its row of y NaN; the other rows stay finite."""
     _need()
     n, k = 40, 224
-    w = random_mxfp4(rng, n, k)
+    w = random_mxfp4(rng, (n,), k, E_FINITE)
     nan_rows = [3, 17, 39]
     for r, blk in zip(nan_rows, (0, 3, 6)):
         w.scales[r, blk] = 255
@@ -175,7 +169,7 @@ def test_mxfp4_gpu_repack_matches_reference(rng, gpu_ctx, n, k):
     E8M0 byte 0..255 and every code; N and K that need padding, and a real size), and the
     canonical arrays read back from the planes are the original ones."""
     _need()
-    w = random_mxfp4(rng, n, k, e_range=(0, 256))
+    w = random_mxfp4(rng, (n,), k, e_range=(0, 255))
     count = min(256, w.scales.size)
     w.scales.reshape(-1)[:count] = np.arange(count, dtype=np.uint8)
     r = w.to_device(gpu_ctx, layout="frag")
@@ -200,7 +194,7 @@ def test_mxfp4_gpu_canonical_weight(rng, gpu_ctx, poisoned_output, assert_close)
     frag layout (qg_mxfp4_repack / to_device), writing nothing."""
     _need()
     n, k, m = 136, 96, 5
-    w = random_mxfp4(rng, n, k)
+    w = random_mxfp4(rng, (n,), k, E_FINITE)
     wd = w.to_device(gpu_ctx, layout="canonical")
     x = random_x(rng, m, k, BF16)
     xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
@@ -219,7 +213,7 @@ def test_mxfp4_gpu_fp32_x_is_refused(rng, gpu_ctx, poisoned_output):
     """The GPU tiers take fp16 or bf16 x; fp32 x on a GPU context is refused, nothing written."""
     _need()
     n, k = 24, 96
-    wd = random_mxfp4(rng, n, k).to_device(gpu_ctx)
+    wd = random_mxfp4(rng, (n,), k, E_FINITE).to_device(gpu_ctx)
     xd = pyquant.DeviceArray.from_numpy(random_x(rng, 3, k, F32), gpu_ctx)
     g = poisoned_output(3, n, F32, device_ctx=gpu_ctx)
     with pytest.raises(pyquant.QuantGemmError):
@@ -236,7 +230,7 @@ def test_mxfp4_gpu_decode_and_prefill_agree(rng, gpu_ctx, assert_close):
     if decode is None or prefill is None:
         pytest.skip(f"this build lacks one of the mxfp4 GPU tiers: {_gpu_tiers()}")
     n, k = 520, 1024
-    wd = random_mxfp4(rng, n, k).to_device(gpu_ctx)
+    wd = random_mxfp4(rng, (n,), k, E_FINITE).to_device(gpu_ctx)
     for m in (16, 17):
         xd = pyquant.DeviceArray.from_numpy(random_x(rng, m, k, BF16), gpu_ctx)
         got = {}

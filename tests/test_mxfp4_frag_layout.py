@@ -168,6 +168,25 @@ def test_frag_weight_checks_its_planes(rng):
     assert pyquant.MXFP4Weight(f.blocks.view(np.uint32), f.scales, layout="frag", shape=w.shape).blocks.dtype == np.int32
 
 
+def test_frag_shard_is_the_repack_of_the_canonical_shard(rng, assert_bitwise_equal):
+    """As for int4 frag (tests/test_shard.py): cuts on 16-row blocks and 128-k chunks; N = 40
+    and K = 352 are padded in the planes (to 48 and 384) and the last part keeps that padding,
+    as the repack of its canonical shard pads it. Other cuts are refused, naming the rule."""
+    n, k = 40, 352
+    w = pyquant.from_mxfp4(*_canonical(rng, n, k), rng.standard_normal(n).astype(np.float32))
+    f = w.repack()
+    for axis, parts in (("n", [16, 24]), ("n", [32, 8]), ("k", [128, 224]), ("k", [256, 96]), ("k", 1)):
+        for i in range(parts if isinstance(parts, int) else len(parts)):
+            got, canon = f.shard(axis, parts, i), w.shard(axis, parts, i)
+            assert got.layout == "frag" and got.shape == canon.shape
+            ref = MF.repack(canon.blocks, canon.scales)
+            for c, r in zip(("blocks", "scales"), ref):
+                assert_bitwise_equal(np.asarray(getattr(got, c)).reshape(r.shape), r, f"{axis} {parts} part {i} {c}")
+            assert (got.bias is None) == (canon.bias is None)
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"frag-layout mxfp4 weight must cut K at multiples of 128"):
+        f.shard("k", [96, 256], 0)
+
+
 def test_stacked_experts_stay_canonical(rng):
     blocks = rng.integers(0, 256, size=(2, 16, 3, 16), dtype=np.uint8)
     scales = rng.integers(118, 130, size=(2, 16, 3), dtype=np.uint8)
