@@ -19,7 +19,6 @@
 #include "dtypes.h"
 #include "formats/blocks.h"
 #include "formats/gguf_formats.h"
-#include "formats/mxfp4_frag.h"
 #include "formats/w4a16_frag.h"
 #include "moe_sizes.h"
 #include "quantgemm.h"
@@ -419,7 +418,9 @@ qg_status check_mxfp4(const qg_mxfp4_gemm_args& a, bool pointers) {
     return QG_OK;
 }
 
-qg_status check_mxfp4_repack(const qg_mxfp4_repack_args& a, bool pointers) {
+// gpu: the repack runs on a GPU context, whose kernel reads the canonical blocks as 32-bit
+// words (the host loop reads them at any alignment).
+qg_status check_mxfp4_repack(const qg_mxfp4_repack_args& a, bool pointers, bool gpu) {
     EnumText t;
     QG_CHECK(a.layout == QG_MXFP4_LAYOUT_FRAG, "layout=%s: qg_mxfp4_repack produces QG_MXFP4_LAYOUT_FRAG (1) only",
              t(a.layout == QG_MXFP4_LAYOUT_CANONICAL ? "QG_MXFP4_LAYOUT_CANONICAL" : nullptr, a.layout));
@@ -428,11 +429,11 @@ qg_status check_mxfp4_repack(const qg_mxfp4_repack_args& a, bool pointers) {
     QG_CHECK(a.k % 32 == 0, "k=%lld is not a multiple of 32 (MXFP4 blocks)", (ll)a.k);
     QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "blocks (k/2 bytes per row)", a.n + qg::frag::kRowBlock, 1));
     if (!pointers) return QG_OK;
-    QG_TRY(check_ptr(a.blocks, "blocks", 1, "bytes"));
+    QG_TRY(check_ptr(a.blocks, "blocks", gpu ? 4 : 1, gpu ? "the GPU repack reads them as 32-bit words" : "bytes"));
     QG_TRY(check_ptr(a.scales, "scales", 1, "bytes"));
     QG_TRY(check_ptr(a.out_blocks, "out_blocks", 16, "frag layout: 16-byte fragment loads"));
     QG_TRY(check_ptr(a.out_scales, "out_scales", 16, "frag layout: 16-byte scale records"));
-    const qg::frag::Geometry geo = qg::frag::mxfp4_geometry(a.n, a.k);
+    const qg::frag::Geometry geo = qg::frag::Geometry(a.n, a.k, qg::MXFP4_BLOCK);
     const size_t in_b = (size_t)a.n * (size_t)(a.k / 2), in_s = (size_t)a.n * (size_t)(a.k / 32);
     const void* outs[2] = {a.out_blocks, a.out_scales};
     const size_t out_bytes[2] = {(size_t)geo.qweight_bytes(), (size_t)geo.scales_bytes()};
@@ -1130,7 +1131,7 @@ struct Repack;
 
 template <>
 struct Repack<qg_w4a16_repack_args> {
-    static qg_status check(const qg_w4a16_repack_args& a) { return check_w4a16_repack(a, true); }
+    static qg_status check(const qg_context*, const qg_w4a16_repack_args& a) { return check_w4a16_repack(a, true); }
     static void log(const qg_w4a16_repack_args& a, const char* where) {
         qg::log_once("w4a16 repack to %s on %s: n=%lld k=%lld group_size=%d %s", "frag", where, (ll)a.n, (ll)a.k,
                      a.group_size, a.qzeros ? "asym" : "sym");
@@ -1145,7 +1146,9 @@ struct Repack<qg_w4a16_repack_args> {
 
 template <>
 struct Repack<qg_mxfp4_repack_args> {
-    static qg_status check(const qg_mxfp4_repack_args& a) { return check_mxfp4_repack(a, true); }
+    static qg_status check(const qg_context* c, const qg_mxfp4_repack_args& a) {
+        return check_mxfp4_repack(a, true, is_gpu(c));
+    }
     static void log(const qg_mxfp4_repack_args& a, const char* where) {
         qg::log_once("mxfp4 repack to %s on %s: n=%lld k=%lld", "frag", where, (ll)a.n, (ll)a.k);
     }
@@ -1164,7 +1167,7 @@ qg_status run_repack(const char* fn, qg_context* ctx, const Args* args, qg_strea
         QG_TRY(check_ctx(ctx));
         Args a;
         QG_TRY(read_args(args, &a));
-        QG_TRY(R::check(a));
+        QG_TRY(R::check(ctx, a));
         R::log(a, is_gpu(ctx) ? "the GPU" : "the CPU");
         if (!is_gpu(ctx)) {
             R::host(a);
@@ -1237,8 +1240,8 @@ QG_API qg_status qg_mxfp4_repack_size(const qg_mxfp4_repack_args* args, size_t* 
         qg_mxfp4_repack_args a;
         QG_TRY(read_args(args, &a));
         QG_CHECK(blocks_bytes != nullptr && scales_bytes != nullptr, "blocks_bytes and scales_bytes must not be NULL");
-        QG_TRY(check_mxfp4_repack(a, false));
-        const qg::frag::Geometry geo = qg::frag::mxfp4_geometry(a.n, a.k);
+        QG_TRY(check_mxfp4_repack(a, false, false));
+        const qg::frag::Geometry geo = qg::frag::Geometry(a.n, a.k, qg::MXFP4_BLOCK);
         *blocks_bytes = (size_t)geo.qweight_bytes();
         *scales_bytes = (size_t)geo.scales_bytes();
         return QG_OK;

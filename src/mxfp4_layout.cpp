@@ -1,36 +1,37 @@
 // MXFP4 weight layouts on the host: the CPU repack (canonical -> frag, qg_mxfp4_repack on a
 // CPU context) and its inverse, which lets the CPU tier serve a frag-layout call. The frag
-// layout is the W4A16 one of G = 32 (src/formats/mxfp4_frag.h): the canonical blocks, read
+// layout is the W4A16 one of G = 32 (src/formats/w4a16_frag.h): the canonical blocks, read
 // as words, go through the W4A16 plane loops of src/frag_planes.h unchanged, and only the
-// scale values differ (E8M0 bytes <-> bf16 bits). pyquant/formats/mxfp4_frag.py is the
-// specification the tests hold both directions to, byte for byte.
+// scale values differ (E8M0 bytes <-> bf16 bits: frag::e8m0_bf16, frag::e8m0_of_bf16).
+// pyquant/formats/mxfp4_frag.py is the specification the tests hold both directions to,
+// byte for byte.
 #include <stdint.h>
 
 #include <memory>
 #include <new>
 
 #include "formats/blocks.h"
-#include "formats/mxfp4_frag.h"
+#include "formats/w4a16_frag.h"
 #include "frag_planes.h"
 #include "tiers.h"
 
 namespace qg {
 
 void mxfp4_repack_frag_host(const qg_mxfp4_repack_args& a) {
-    const frag::Geometry geo = frag::mxfp4_geometry(a.n, a.k);
+    const frag::Geometry geo = frag::Geometry(a.n, a.k, MXFP4_BLOCK);
     frag_pack_words(geo, a.blocks, static_cast<uint32_t*>(a.out_blocks));
     uint16_t* out_s = static_cast<uint16_t*>(a.out_scales);
     for_each_scale(geo, [&](int64_t i, int64_t n, int64_t grp, bool real) {
-        out_s[i] = real ? frag::e8m0_to_bf16(a.scales[n * geo.groups + grp]) : 0;
+        out_s[i] = real ? frag::e8m0_bf16(a.scales[n * geo.groups + grp]) : 0;
     });
 }
 
 void mxfp4_frag_to_canonical_host(const qg_mxfp4_gemm_args& a, uint8_t* blocks, uint8_t* scales) {
-    const frag::Geometry geo = frag::mxfp4_geometry(a.n, a.k);
+    const frag::Geometry geo = frag::Geometry(a.n, a.k, MXFP4_BLOCK);
     frag_unpack_words(geo, reinterpret_cast<const uint32_t*>(a.blocks), blocks);
     const uint16_t* in_s = reinterpret_cast<const uint16_t*>(a.scales);
     for_each_scale(geo, [&](int64_t i, int64_t n, int64_t grp, bool real) {
-        if (real) scales[n * geo.groups + grp] = frag::bf16_to_e8m0(in_s[i]);
+        if (real) scales[n * geo.groups + grp] = frag::e8m0_of_bf16(in_s[i]);
     });
 }
 

@@ -13,6 +13,8 @@ refused naming the repack. Fresh random inputs (seed printed on failure).
 """
 from __future__ import annotations
 
+import ctypes
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -242,3 +244,23 @@ def test_mxfp4_gpu_decode_and_prefill_agree(rng, gpu_ctx, assert_close):
                     raise
                 pytest.skip(f"{t} does not run here: {e}")
         assert_close(got[prefill], got[decode], 2 * mxfp4_bound(k, F32), f"decode vs prefill m={m}")
+
+
+def test_mxfp4_gpu_repack_refuses_unaligned_blocks(rng, gpu_ctx):
+    """The device repack reads the canonical blocks as 32-bit words: a blocks pointer that
+    is not 4-byte aligned is refused by name on a GPU context, and nothing is written."""
+    _need()
+    n, k = 24, 96
+    w = random_mxfp4(rng, (n,), k, E_FINITE)
+    raw = pyquant.DeviceArray.from_numpy(np.concatenate([np.zeros(1, np.uint8), w.blocks.reshape(-1)]), gpu_ctx)
+    sc = pyquant.DeviceArray.from_numpy(w.scales, gpu_ctx)
+    shapes = mxfp4_frag.plane_shapes(n, k)
+    out_b = pyquant.DeviceArray.from_numpy(np.zeros(shapes["blocks"], np.int32), gpu_ctx)
+    out_s = pyquant.DeviceArray.from_numpy(np.zeros(shapes["scales"], np.uint16), gpu_ctx)
+    a = _lib.qg_mxfp4_repack_args(layout=_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG, n=n, k=k, blocks=raw.ptr + 1,
+                                  scales=sc.ptr, out_blocks=out_b.ptr, out_scales=out_s.ptr)
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"blocks=0x[0-9a-f]+ is not aligned to 4 bytes "
+                                                           r"\(the GPU repack reads them as 32-bit words\)"):
+        _lib.qg_mxfp4_repack(gpu_ctx.handle, ctypes.byref(a), None)
+    gpu_ctx.synchronize()
+    assert not out_b.to_numpy().any() and not out_s.to_numpy().any(), "a refused repack wrote its output"

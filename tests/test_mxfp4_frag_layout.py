@@ -254,3 +254,20 @@ def test_repack_refuses_bad_arguments_and_writes_nothing(change, pattern):
         with pytest.raises(pyquant.InvalidArgumentError, match=pattern):
             _lib.qg_mxfp4_repack_size(ctypes.byref(a), ctypes.byref(ctypes.c_size_t()),
                                       ctypes.byref(ctypes.c_size_t()))
+
+
+def test_cpu_repack_reads_blocks_at_any_address(rng, assert_bitwise_equal):
+    """Canonical blocks are bytes: the CPU repack reads them at an odd address (its word
+    loads are memcpy), and writes the same planes. (On a GPU context the kernel reads words:
+    4-byte alignment is required there, tests/test_gpu_mxfp4.py.)"""
+    n, k = 24, 96
+    blocks, scales = _canonical(rng, n, k)
+    a, (src, out), base = _repack_args(n, k)
+    odd = _aligned(blocks.nbytes + 1)
+    odd[1:] = blocks.reshape(-1)
+    src[n * k // 2:] = scales.reshape(-1)
+    a.blocks = odd.ctypes.data + 1
+    _lib.qg_mxfp4_repack(pyquant.cpu_context().handle, ctypes.byref(a), None)
+    fb, fs = MF.repack(blocks, scales)
+    assert_bitwise_equal(out[:fb.nbytes].view(np.int32).reshape(fb.shape), fb, "blocks plane")
+    assert_bitwise_equal(out[32768: 32768 + fs.nbytes].view(BF16).reshape(fs.shape), fs, "scales plane")

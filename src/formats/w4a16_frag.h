@@ -54,6 +54,16 @@ QG_FRAG_HD inline int64_t q_word_index(int64_t k_tiles, int64_t n, int64_t k, in
     return (((n / kRowBlock) * k_tiles + k / kKTile) * kLanes + lane) * kWordsPerLane + s;
 }
 
+// MXFP4 in the frag layout (qg_mxfp4_repack): the planes of G = 32, E2M1 codes as the nibbles,
+// each E8M0 scale e as the bf16 bits of 2^(e - 127), exact: e << 7, the subnormal 0x0040 for
+// e = 0, NaN (0x7fc0) for e = 255. e8m0_of_bf16 is the inverse on those values.
+QG_FRAG_HD inline uint16_t e8m0_bf16(uint8_t e) {
+    return e == 0 ? uint16_t(0x0040) : e == 255 ? uint16_t(0x7fc0) : static_cast<uint16_t>(e << 7);
+}
+QG_FRAG_HD inline uint8_t e8m0_of_bf16(uint16_t b) {
+    return b == 0x0040 ? uint8_t(0) : b == 0x7fc0 ? uint8_t(255) : static_cast<uint8_t>(b >> 7);
+}
+
 struct Geometry {
     int64_t n, k;          // logical shape
     int group_size;        // G
