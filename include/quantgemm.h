@@ -319,8 +319,9 @@ QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg
 typedef enum qg_mxfp4_layout QG_ENUM_BASE {
     QG_MXFP4_LAYOUT_CANONICAL = 0, /* blocks [N, K/32, 16], scales [N, K/32] above */
     QG_MXFP4_LAYOUT_FRAG = 1       /* qg_mxfp4_repack's planes: the W4A16 frag planes of G = 32
-                                      (docs/w4a16-layout.md, "MXFP4"), E2M1 codes as the nibbles,
-                                      each E8M0 scale as the bf16 value 2^(e - 127) */
+                                      (docs/w4a16-layout.md, "MXFP4"), E2M1 codes for the nibbles
+                                      (bits placed for the decode), each E8M0 scale as the bf16
+                                      value 2^(e - 127) */
 } qg_mxfp4_layout;
 
 typedef struct qg_mxfp4_gemm_args {
@@ -348,8 +349,9 @@ QG_API qg_status qg_mxfp4_gemm(qg_context* ctx, const qg_mxfp4_gemm_args* args, 
 /*
  * One-time repack of a canonical MXFP4 weight into `layout` (QG_MXFP4_LAYOUT_FRAG), in the
  * memory of ctx (host for a CPU context, device for a GPU one: a kernel on `stream`):
- *   out_blocks: the W4A16 frag qweight plane of the E2M1 codes (the same nibble positions as
- *               qg_w4a16_repack gives the int4 q of a [N, K] weight), int32 words;
+ *   out_blocks: the W4A16 frag qweight plane of the E2M1 codes (the same words as
+ *               qg_w4a16_repack gives the int4 q of a [N, K] weight), each word's 32 bits
+ *               then placed for the GPU decode (docs/w4a16-layout.md, "MXFP4");
  *   out_scales: the W4A16 frag scales plane of G = 32, each E8M0 e as the bf16 bits of
  *               2^(e - 127) (exact: 0x0040 for e = 0, 0x7fc0 NaN for e = 255).
  * N is padded to a multiple of 16 and K to a multiple of 128 with code 0 and scale 0, which

@@ -26,7 +26,7 @@ from pathlib import Path
 from . import __version__ as _package_version
 
 # QG_FORMAT_VERSION this package's packers and readers expect.
-EXPECTED_FORMAT_VERSION = 2
+EXPECTED_FORMAT_VERSION = 3
 
 if sys.platform == "win32":
     _LIB_NAME = "quantgemm.dll"
@@ -186,8 +186,8 @@ QG_VERSION_MAJOR = 0
 QG_VERSION_MINOR = 1
 # #define QG_VERSION_PATCH 0
 QG_VERSION_PATCH = 0
-# #define QG_FORMAT_VERSION 2
-QG_FORMAT_VERSION = 2
+# #define QG_FORMAT_VERSION 3
+QG_FORMAT_VERSION = 3
 
 # ---------------------------------------------------------------- status
 
@@ -487,10 +487,20 @@ qg_gguf_gemm = _fn("qg_gguf_gemm",
 
 # ---------------------------------------------------------------- MXFP4 dense
 
+# typedef enum qg_mxfp4_layout { QG_MXFP4_LAYOUT_CANONICAL = 0, ... } qg_mxfp4_layout;
+class MXFP4Layout(enum.IntEnum):
+    QG_MXFP4_LAYOUT_CANONICAL = 0
+    QG_MXFP4_LAYOUT_FRAG = 1
+
+
+qg_mxfp4_layout = ctypes.c_int
+
+
 # typedef struct qg_mxfp4_gemm_args {
 #     size_t size; int64_t m, n, k; qg_dtype x_dtype; qg_dtype y_dtype; const void* x;
 #     int64_t ldx; const uint8_t* blocks; const uint8_t* scales; const void* bias;
 #     qg_dtype bias_dtype; void* y; int64_t ldy; void* workspace; size_t workspace_bytes;
+#     qg_mxfp4_layout layout;
 # } qg_mxfp4_gemm_args;
 class qg_mxfp4_gemm_args(_Args):
     _fields_ = [
@@ -510,6 +520,7 @@ class qg_mxfp4_gemm_args(_Args):
         ("ldy", ctypes.c_int64),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("layout", qg_mxfp4_layout),
     ]
 
 
@@ -521,6 +532,34 @@ qg_mxfp4_gemm_workspace_size = _fn(
 # QG_API qg_status qg_mxfp4_gemm(qg_context* ctx, const qg_mxfp4_gemm_args* args, qg_stream stream);
 qg_mxfp4_gemm = _fn("qg_mxfp4_gemm",
                     [qg_context_p, ctypes.POINTER(qg_mxfp4_gemm_args), qg_stream], qg_status)
+
+
+# typedef struct qg_mxfp4_repack_args {
+#     size_t size; qg_mxfp4_layout layout; int64_t n, k; const uint8_t* blocks;
+#     const uint8_t* scales; void* out_blocks; void* out_scales;
+# } qg_mxfp4_repack_args;
+class qg_mxfp4_repack_args(_Args):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("layout", qg_mxfp4_layout),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("blocks", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("out_blocks", ctypes.c_void_p),
+        ("out_scales", ctypes.c_void_p),
+    ]
+
+
+# QG_API qg_status qg_mxfp4_repack_size(const qg_mxfp4_repack_args* args, size_t* blocks_bytes,
+#                                       size_t* scales_bytes);
+qg_mxfp4_repack_size = _fn(
+    "qg_mxfp4_repack_size",
+    [ctypes.POINTER(qg_mxfp4_repack_args), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
+    qg_status)
+# QG_API qg_status qg_mxfp4_repack(qg_context* ctx, const qg_mxfp4_repack_args* args, qg_stream stream);
+qg_mxfp4_repack = _fn("qg_mxfp4_repack",
+                      [qg_context_p, ctypes.POINTER(qg_mxfp4_repack_args), qg_stream], qg_status)
 
 
 # ---------------------------------------------------------------- MXFP4 MoE

@@ -492,7 +492,9 @@ class _GemmCall:
             args = _lib.qg_mxfp4_gemm_args(
                 m=m, n=n, k=k, x_dtype=x_dt, y_dtype=y_dt, x=_ptr(xv), ldx=ldx,
                 blocks=_ptr(ops["w.blocks"]), scales=_ptr(ops["w.scales"]), bias=_ptr(bias),
-                bias_dtype=bias_dt, y=_ptr(yv), ldy=ldy)
+                bias_dtype=bias_dt, y=_ptr(yv), ldy=ldy,
+                layout=_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG if w.layout == "frag"
+                else _lib.MXFP4Layout.QG_MXFP4_LAYOUT_CANONICAL)
             query, launch = _lib.qg_mxfp4_gemm_workspace_size, _lib.qg_mxfp4_gemm
         self.ctx, self.args, self.query, self.launch, self.stream, self.result = c, args, query, launch, s, result
         self._keep = (xv, yv, ops)   # the operands' owners stay alive as long as the call

@@ -14,14 +14,15 @@ a multiple of:
 
     weight                   n                                 k
     int4 canonical           8   (qzeros: 8 rows to a word)    group_size (one scale, one zero)
-    int4 frag                16  (a row block of the planes)   128 (a k-chunk of the planes)
+    int4 frag, mxfp4 frag    16  (a row block of the planes)   128 (a k-chunk of the planes)
     GGUF q8_0, q4_0          1                                 32  (a block)
     GGUF q4_K, q6_K, iq4_xs, 1                                 256 (a super-block)
          iq3_xxs
     mxfp4                    1                                 32  (a block); expert: 1
 
 A frag weight whose N or K is padded (to 16 and 128) keeps that padding in its last part,
-so a frag shard on these cuts is byte for byte qg_w4a16_repack of the canonical shard: the
+so a frag shard on these cuts is byte for byte the repack (qg_w4a16_repack, qg_mxfp4_repack)
+of the canonical shard: the
 planes tile rows in blocks of 16 and k in chunks of 128 and no tile straddles a cut. A cut
 elsewhere is refused rather than unpacked, resharded and repacked behind the caller's back
 (that would be a second, silent repack, and a part of 8 rows padded to 16 would do half of
@@ -53,7 +54,7 @@ import numpy as np
 
 from . import _lib
 from .device import DeviceArray, _err, gpu_context
-from .formats import int4 as _int4, int4_frag as _frag
+from .formats import int4 as _int4, int4_frag as _frag, mxfp4_frag as _mxfrag
 from .weights import GGUFWeight, Int4Weight, MXFP4Weight, _aligned_host, _to_host
 
 __all__ = ["AXES", "Copy", "Plan", "axes", "rule", "plan", "shard"]
@@ -151,16 +152,16 @@ def _describe(w) -> str:
         return f"an int4 weight with group_size={w.group_size}"
     if isinstance(w, GGUFWeight):
         return f"a {w.format} weight"
-    return "an mxfp4 weight"
+    return "a frag-layout mxfp4 weight" if w.layout == "frag" else "an mxfp4 weight"
 
 
 def rule(w, axis) -> tuple[int, str]:
     """(granule, why): the cuts along `axis` must fall on multiples of granule."""
     name = _axis_name(w, axis)
+    if getattr(w, "layout", None) == "frag":  # int4 or mxfp4: the same planes
+        return {"n": (_frag.ROW_BLOCK, "whole 16-row blocks of the frag planes"),
+                "k": (_frag.K_CHUNK, "whole 128-k chunks of the frag planes")}[name]
     if isinstance(w, Int4Weight):
-        if w.layout == "frag":
-            return {"n": (_frag.ROW_BLOCK, "whole 16-row blocks of the frag planes"),
-                    "k": (_frag.K_CHUNK, "whole 128-k chunks of the frag planes")}[name]
         return {"n": (8, "qzeros pack the zero-points of 8 rows into one int32 word"),
                 "k": (w.group_size, f"one scale and zero-point cover {w.group_size} inputs")}[name]
     if isinstance(w, GGUFWeight):
@@ -248,6 +249,9 @@ def plan(w, axis, parts, index) -> Plan:
     if isinstance(w, Int4Weight):
         copies = _int4_frag_copies(w, name, start, stop) if w.layout == "frag" else \
             _int4_copies(w, name, start, stop)
+    elif isinstance(w, MXFP4Weight) and w.layout == "frag":
+        copies = _frag_copies(w, _mxfrag.plane_shapes(*w.shape), {"blocks": 4, "scales": 2}, "blocks",
+                              name, start, stop)
     elif isinstance(w, GGUFWeight):
         n, row_bytes = int(w.raw.shape[0]), int(w.raw.shape[1])
         be, bb = w.spec.block_elems, w.spec.block_bytes  # k shards: whole blocks of bytes
@@ -275,22 +279,27 @@ def _int4_copies(w, name: str, start: int, stop: int) -> tuple:
 
 def _int4_frag_copies(w, name: str, start: int, stop: int) -> tuple:
     """Planes qweight [RB, KT, 32, 4], scales [RB, KC, 8, GC, 2], qzeros [RB, KC, 8, GC]
-    (pyquant.formats.int4_frag): an n shard is row blocks rb, a k shard k-tiles (two per
-    128-k chunk) and k-chunks."""
+    (pyquant.formats.int4_frag)."""
     n, k = w.shape
-    planes = _frag.plane_shapes(n, k, w.group_size)
     items = {"qweight": 4, "scales": np.dtype(w.scales.dtype).itemsize, "qzeros": 1}
+    return _frag_copies(w, _frag.plane_shapes(n, k, w.group_size), items, "qweight", name, start, stop)
+
+
+def _frag_copies(w, planes: dict, items: dict, words: str, name: str, start: int, stop: int) -> tuple:
+    """The frag planes of w ({component: shape}, {component: itemsize}), the weight words
+    `words` [RB, KT, ...], the others [RB, KC, ...] (an MXFP4 frag weight's are the int4 ones
+    of G = 32: pyquant.formats.mxfp4_frag): an n shard is row blocks rb, a k shard k-tiles
+    (two per 128-k chunk) of the words and k-chunks of the rest."""
     up = lambda v, m: -(-v // m)  # noqa: E731
     if name == "n":
         rb = (start // _frag.ROW_BLOCK, up(stop, _frag.ROW_BLOCK))
-        spans = {"qweight": rb, "scales": rb, "qzeros": rb}
+        spans = {c: rb for c in planes}
     else:
         kc = (start // _frag.K_CHUNK, up(stop, _frag.K_CHUNK))
         per = _frag.K_CHUNK // _frag.K_TILE
-        spans = {"qweight": (kc[0] * per, kc[1] * per), "scales": kc, "qzeros": kc}
+        spans = {c: (kc[0] * per, kc[1] * per) if c == words else kc for c in planes}
     ax = 0 if name == "n" else 1
-    return tuple(_copy(c, planes[c], items[c], ax, *spans[c]) for c in ("qweight", "scales", "qzeros")
-                 if getattr(w, c) is not None)
+    return tuple(_copy(c, planes[c], items[c], ax, *spans[c]) for c in planes if getattr(w, c) is not None)
 
 
 def _mxfp4_copies(w, name: str, start: int, stop: int) -> tuple:
@@ -372,4 +381,5 @@ def shard(w, axis, parts, index):
     if isinstance(w, GGUFWeight):
         return GGUFWeight(w.format, arrays["raw"], p.shape, bias=arrays.get("bias"))
     assert isinstance(w, MXFP4Weight)
-    return MXFP4Weight(arrays["blocks"], arrays["scales"], arrays.get("bias"))
+    return MXFP4Weight(arrays["blocks"], arrays["scales"], arrays.get("bias"), layout=w.layout,
+                       shape=p.shape if w.layout == "frag" else None)

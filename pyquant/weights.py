@@ -1,7 +1,9 @@
 """Quantized weights: Int4Weight (W4A16), GGUFWeight (GGUF block formats), MXFP4Weight.
 
-A weight holds its packed arrays exactly in the canonical layout of include/quantgemm.h,
-either as host numpy arrays or in device memory (pyquant DeviceArray, or any object with
+A weight holds its packed arrays exactly in the canonical layout of include/quantgemm.h
+or, for Int4Weight and a dense MXFP4Weight, in the frag layout that .repack() and
+.to_device() make (what the GPU tiers read: docs/w4a16-layout.md), either as host numpy
+arrays or in device memory (pyquant DeviceArray, or any object with
 __cuda_array_interface__ such as a CuPy array or a CUDA torch tensor). Nothing is
 repacked behind the caller's back: the arrays handed in are the arrays the kernels read.
 
@@ -24,7 +26,7 @@ import numpy as np
 
 from . import _lib
 from . import formats as _formats
-from .formats import int4 as _int4, int4_frag as _frag, mxfp4 as _mxfp4
+from .formats import int4 as _int4, int4_frag as _frag, mxfp4 as _mxfp4, mxfp4_frag as _mxfrag
 from .device import (BFLOAT16, Context, DeviceArray, DeviceView, _err, cpu_context, default_context,
                      dtype_name, gpu_context, stream_handle)
 from ._lib import DType, QuantGemmError
@@ -200,7 +202,7 @@ class _Weight:
         equal parts or a list of sizes. The result is a weight of the same class, format
         and layout holding that slice (copies), where this one lives. A cut that would
         split a packed word, a group or a block is refused naming the rule: int4 N at
-        multiples of 8 and K of group_size; frag N of 16 and K of 128 (the frag shard is
+        multiples of 8 and K of group_size; frag (int4, mxfp4) N of 16 and K of 128 (the frag shard is
         then byte for byte the repack of the canonical shard); GGUF K of its block; MXFP4
         K of 32 (row-parallel parts after part 0 drop the bias). pyquant.shard.plan() lists
         the byte copies; docs/tensor-parallel.md."""
@@ -218,7 +220,12 @@ def _check_ndim(a, ndim: int, name: str, layout: str) -> None:
         raise _err(f"{name} must be {ndim}-D {layout}, got shape {tuple(a.shape)}")
 
 
-_INT4_LAYOUTS = ("canonical", "frag")
+_LAYOUTS = ("canonical", "frag")
+
+
+def _check_layout(layout: str) -> None:
+    if layout not in _LAYOUTS:
+        raise _err(f"layout={layout!r} is not one of {', '.join(_LAYOUTS)}")
 
 
 def _aligned_host(nbytes: int, align: int = 64) -> np.ndarray:
@@ -229,7 +236,99 @@ def _aligned_host(nbytes: int, align: int = 64) -> np.ndarray:
     return raw[off: off + nbytes]
 
 
-class Int4Weight(_Weight):
+def _out_plane(shape: tuple, dtype, nbytes: int, ctx: Context, in_ctx: bool):
+    """An output plane of a repack, where the weight is: a DeviceArray of ctx (device memory,
+    or a CPU context's host memory), or a numpy array of `nbytes` (the library's size
+    query) at a 64-byte boundary."""
+    if in_ctx:
+        return DeviceArray.empty(shape, dtype, ctx)
+    return _aligned_host(nbytes).view(dtype).reshape(shape)
+
+
+def _address(a):
+    """The address the C ABI gets for a component (None for an absent one)."""
+    if a is None:
+        return None
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.ptr
+
+
+def _frag_planes(given: dict, planes: dict, what: str) -> dict:
+    """The planes of a frag-layout weight, checked: given = {name: (array or None, accepted
+    dtypes, optional)}, planes = {name: shape} (its element count is what counts: a plane
+    may come flat), what = the shape's description for a message. uint32 words are viewed
+    as int32."""
+    arrays = {}
+    for name, (a, dtypes, optional) in given.items():
+        a = _component(a, name)
+        if a is None:
+            if not optional:
+                raise _err(f"{name} is None; a frag-layout weight needs its {name} plane")
+            arrays[name] = None
+            continue
+        a = _require_contiguous(a, name)
+        if np.dtype(a.dtype) not in dtypes:
+            raise _err(f"frag {name} plane has dtype {dtype_name(a.dtype)}; expected "
+                       f"{' or '.join(dtype_name(d) for d in dtypes)}")
+        want = int(np.prod(planes[name]))
+        if int(np.prod(a.shape)) != want:
+            raise _err(f"frag {name} plane holds {int(np.prod(a.shape))} elements; {what} needs {want} "
+                       f"(shape {planes[name]})")
+        if isinstance(a, np.ndarray) and a.dtype == np.uint32:
+            a = a.view(np.int32)
+        arrays[name] = a
+    return arrays
+
+
+class _TwoLayouts(_Weight):
+    """A weight with a canonical and a frag layout (Int4Weight, MXFP4Weight): .repack() and
+    .to_device(layout=...) for both. A subclass says how to make each: _canonical_weight()
+    (host, canonical), _repack_frag(ctx, in_ctx, stream) (the library's repack into new
+    planes where the weight is: DeviceArrays of ctx when in_ctx, else numpy), and
+    _frag_refusal() (why this weight has no frag layout, or None)."""
+
+    layout = "canonical"
+
+    def _frag_refusal(self) -> str | None:
+        return None
+
+    def repack(self, layout: str = "frag", stream=None):
+        """The same weight in `layout` ("frag"), in the same memory as this one: host numpy
+        arrays through the library's CPU repack, device arrays through its GPU repack
+        kernel on `stream` (qg_w4a16_repack, qg_mxfp4_repack). A weight already in `layout`
+        is returned; "canonical" unpacks a host frag weight with the numpy reference."""
+        _check_layout(layout)
+        if layout == self.layout:
+            return self
+        if layout == "canonical":
+            if self.is_device:
+                raise _err("repack to canonical runs on host weights; call .to_host() first")
+            return self._canonical_weight()
+        why = self._frag_refusal()
+        if why is not None:
+            raise _err(why)
+        on_dev = self.is_device
+        ctx = self.ctx if self.ctx is not None else (gpu_context() if on_dev else cpu_context())
+        out = self._repack_frag(ctx, on_dev or self.ctx is not None, stream)
+        if on_dev:
+            ctx.synchronize(stream)
+        return out
+
+    def to_device(self, ctx: Context | None = None, layout: str = "auto", stream=None):
+        """The same weight in `ctx` (default_context()). layout="auto" gives a GPU context
+        the frag layout (repacked there, on `stream`: what the GPU tiers read) where the
+        weight has one, and keeps the layout otherwise; "canonical" or "frag" asks for one."""
+        ctx = ctx if ctx is not None else default_context()
+        if layout == "auto":
+            layout = "frag" if ctx.is_gpu and self._frag_refusal() is None else self.layout
+        if layout not in _LAYOUTS:
+            raise _err(f"layout={layout!r} is not one of auto, {', '.join(_LAYOUTS)}")
+        if layout == "canonical" and self.layout == "frag":
+            return self._canonical_weight().to_device(ctx, "canonical")
+        moved = super().to_device(ctx)
+        return moved.repack(layout, stream) if layout != moved.layout else moved
+
+
+class Int4Weight(_TwoLayouts):
     """int4 group-quantized weight (W4A16), in one of two layouts.
 
     layout="canonical" (what checkpoints become on import): qweight [N, K/8] int32,
@@ -250,8 +349,7 @@ class Int4Weight(_Weight):
 
     def __init__(self, qweight, scales, qzeros=None, group_size: int = 128, layout: str = "canonical",
                  shape=None, bias=None):
-        if layout not in _INT4_LAYOUTS:
-            raise _err(f"layout={layout!r} is not one of {', '.join(_INT4_LAYOUTS)}")
+        _check_layout(layout)
         self.layout = layout
         if layout == "frag":
             self._init_frag(qweight, scales, qzeros, group_size, shape)
@@ -326,20 +424,10 @@ class Int4Weight(_Weight):
         """float32 [N, K]: (q - z) * s, the numpy reference (pyquant.formats.int4)."""
         return _int4.dequantize(*self.canonical_arrays(), self.group_size)
 
-    def repack(self, layout: str = "frag", stream=None) -> "Int4Weight":
-        """The same weight in `layout` ("frag"), in the same memory as this one: host numpy
-        arrays through the library's CPU repack, device arrays through its GPU repack
-        kernel on `stream` (qg_w4a16_repack). A weight already in `layout` is returned."""
-        if layout not in _INT4_LAYOUTS:
-            raise _err(f"layout={layout!r} is not one of {', '.join(_INT4_LAYOUTS)}")
-        if layout == self.layout:
-            return self
-        if layout == "canonical":
-            if self.is_device:
-                raise _err("repack to canonical runs on host weights; call .to_host() first")
-            return Int4Weight(*self.canonical_arrays(), self.group_size, bias=self._host("bias"))
-        on_dev = self.is_device
-        ctx = self.ctx if self.ctx is not None else (gpu_context() if on_dev else cpu_context())
+    def _canonical_weight(self) -> "Int4Weight":
+        return Int4Weight(*self.canonical_arrays(), self.group_size, bias=self._host("bias"))
+
+    def _repack_frag(self, ctx: Context, in_ctx: bool, stream) -> "Int4Weight":
         n, k = self.shape
         args = _lib.qg_w4a16_repack_args(
             layout=_lib.W4A16Layout.QG_W4A16_LAYOUT_FRAG, n=n, k=k, group_size=self.group_size,
@@ -348,43 +436,13 @@ class Int4Weight(_Weight):
         _lib.qg_w4a16_repack_size(ctypes.byref(args), *(ctypes.byref(v) for v in sizes))
         nq, ns, nz = (v.value for v in sizes)
         planes = _frag.plane_shapes(n, k, self.group_size)
-        sym = self.qzeros is None
-        if on_dev:
-            out_q = DeviceArray.empty(planes["qweight"], np.int32, ctx)
-            out_s = DeviceArray.empty(planes["scales"], self.scales.dtype, ctx)
-            out_z = None if sym else DeviceArray.empty(planes["qzeros"], np.uint8, ctx)
-            ptrs = [out_q.ptr, out_s.ptr, None if sym else out_z.ptr]
-            src = {nm: getattr(self, nm) for nm in ("qweight", "scales", "qzeros")}
-            src_ptr = {nm: (None if a is None else a.ptr) for nm, a in src.items()}
-        else:
-            out_q = _aligned_host(nq).view(np.int32).reshape(planes["qweight"])
-            out_s = _aligned_host(ns).view(self.scales.dtype).reshape(planes["scales"])
-            out_z = None if sym else _aligned_host(nz).reshape(planes["qzeros"])
-            ptrs = [out_q.ctypes.data, out_s.ctypes.data, None if sym else out_z.ctypes.data]
-            src = {nm: getattr(self, nm) for nm in ("qweight", "scales", "qzeros")}
-            src_ptr = {nm: (None if a is None else np.ascontiguousarray(a).ctypes.data) for nm, a in src.items()}
-        args.qweight, args.scales, args.qzeros = src_ptr["qweight"], src_ptr["scales"], src_ptr["qzeros"]
-        args.out_qweight, args.out_scales, args.out_qzeros = ptrs
+        out_q = _out_plane(planes["qweight"], np.int32, nq, ctx, in_ctx)
+        out_s = _out_plane(planes["scales"], self.scales.dtype, ns, ctx, in_ctx)
+        out_z = None if self.qzeros is None else _out_plane(planes["qzeros"], np.uint8, nz, ctx, in_ctx)
+        args.qweight, args.scales, args.qzeros = (_address(a) for a in (self.qweight, self.scales, self.qzeros))
+        args.out_qweight, args.out_scales, args.out_qzeros = (_address(a) for a in (out_q, out_s, out_z))
         _lib.qg_w4a16_repack(ctx.handle, ctypes.byref(args), stream_handle(stream))
-        if on_dev:
-            ctx.synchronize(stream)
         return Int4Weight(out_q, out_s, out_z, self.group_size, layout="frag", shape=self.shape, bias=self.bias)
-
-    def to_device(self, ctx: Context | None = None, layout: str = "auto", stream=None) -> "Int4Weight":
-        """The same weight in `ctx` (default_context()). layout="auto" gives a GPU context
-        the frag layout (repacked there, on `stream`: what the GPU decode and prefill tiers
-        read) and keeps the layout otherwise; "canonical" or "frag" asks for one."""
-        ctx = ctx if ctx is not None else default_context()
-        if layout == "auto":
-            layout = "frag" if ctx.is_gpu else self.layout
-        if layout not in _INT4_LAYOUTS:
-            raise _err(f"layout={layout!r} is not one of auto, {', '.join(_INT4_LAYOUTS)}")
-        if layout == "canonical" and self.layout == "frag":
-            return Int4Weight(*self.canonical_arrays(), self.group_size,
-                              bias=self._host("bias")).to_device(ctx, "canonical")
-        moved = super().to_device(ctx)
-        return moved.repack(layout, stream) if layout != moved.layout else moved
-
 
     def _init_frag(self, qweight, scales, qzeros, group_size, shape):
         if shape is None or len(shape) != 2:
@@ -396,26 +454,10 @@ class Int4Weight(_Weight):
             planes = _frag.plane_shapes(n, k, self.group_size)
         except ValueError as e:
             raise _err(str(e)) from None
-        arrays = {}
-        for name, a, dtypes in (("qweight", qweight, _PACKED_INT_DTYPES), ("scales", scales, _SCALE_DTYPES),
-                                ("qzeros", qzeros, (np.dtype(np.uint8),))):
-            a = _component(a, name)
-            if a is None:
-                if name != "qzeros":
-                    raise _err(f"{name} is None; a frag-layout weight needs its {name} plane")
-                arrays[name] = None
-                continue
-            a = _require_contiguous(a, name)
-            if np.dtype(a.dtype) not in dtypes:
-                raise _err(f"frag {name} plane has dtype {dtype_name(a.dtype)}; expected "
-                           f"{' or '.join(dtype_name(d) for d in dtypes)}")
-            want = int(np.prod(planes[name]))
-            if int(np.prod(a.shape)) != want:
-                raise _err(f"frag {name} plane holds {int(np.prod(a.shape))} elements; ({n}, {k}) with "
-                           f"group_size={self.group_size} needs {want} (shape {planes[name]})")
-            if isinstance(a, np.ndarray) and a.dtype == np.uint32:
-                a = a.view(np.int32)
-            arrays[name] = a
+        arrays = _frag_planes({"qweight": (qweight, _PACKED_INT_DTYPES, False),
+                               "scales": (scales, _SCALE_DTYPES, False),
+                               "qzeros": (qzeros, (np.dtype(np.uint8),), True)},
+                              planes, f"({n}, {k}) with group_size={self.group_size}")
         self.qweight, self.scales, self.qzeros = arrays["qweight"], arrays["scales"], arrays["qzeros"]
 
     @staticmethod
@@ -549,16 +591,34 @@ class GGUFWeight(_Weight):
         return self.spec.module.dequantize(raw)
 
 
-class MXFP4Weight(_Weight):
-    """OCP MXFP4 weight as GPT-OSS ships it: blocks [N, K/32, 16] uint8 (byte j = element
+class MXFP4Weight(_TwoLayouts):
+    """OCP MXFP4 weight, in one of two layouts.
+
+    layout="canonical" (as GPT-OSS ships it): blocks [N, K/32, 16] uint8 (byte j = element
     2j low nibble, 2j+1 high nibble, E2M1 codes), scales [N, K/32] uint8 E8M0. Stacked
-    experts for moe(): blocks [E, N, K/32, 16], scales [E, N, K/32]. Optional bias [N]
-    (or [E, N]) in float32, float16 or bfloat16."""
+    experts for moe(): blocks [E, N, K/32, 16], scales [E, N, K/32].
+
+    layout="frag" (dense [N, K] weights only, made by .repack() or .to_device();
+    pyquant.formats.mxfp4_frag and docs/w4a16-layout.md, "MXFP4"): the two planes
+    qg_mxfp4_repack writes, the W4A16 frag planes of G = 32 (blocks int32, scales bfloat16
+    2^(e - 127)), which the GPU tiers read; shape=(N, K) must be given. Stacked experts stay
+    canonical.
+
+    Optional bias [N] (or [E, N]) in float32, float16 or bfloat16, in either layout."""
 
     format = "mxfp4"
     _component_names = ("blocks", "scales", "bias")
 
-    def __init__(self, blocks, scales, bias=None):
+    def __init__(self, blocks, scales, bias=None, layout: str = "canonical", shape=None):
+        _check_layout(layout)
+        self.layout = layout
+        if layout == "frag":
+            self._init_frag(blocks, scales, shape)
+            self.bias = _checked_bias(bias, self.shape[:1])
+            self._check_location()
+            return
+        if shape is not None:
+            raise _err("shape= is for the frag layout; a canonical weight's shape follows from blocks")
         blocks = _require_contiguous(_component(blocks, "blocks"), "blocks")
         scales = _require_contiguous(_component(scales, "scales"), "scales")
         for a, name in ((blocks, "blocks"), (scales, "scales")):
@@ -575,16 +635,61 @@ class MXFP4Weight(_Weight):
         self.blocks, self.scales, self.bias = blocks, scales, _checked_bias(bias, lead)
         self._check_location()
 
+    def _init_frag(self, blocks, scales, shape):
+        if shape is None or len(shape) != 2:
+            raise _err("a frag-layout MXFP4Weight needs shape=(N, K): only a dense [N, K] weight has "
+                       "the frag layout (stacked experts for pyquant.moe stay canonical)")
+        n, k = (int(v) for v in shape)
+        if n <= 0 or k <= 0 or k % 32:
+            raise _err(f"shape=({n}, {k}): N and K must be positive and K a multiple of 32 (MXFP4 blocks)")
+        self.shape = (n, k)
+        arrays = _frag_planes({"blocks": (blocks, _PACKED_INT_DTYPES, False),
+                               "scales": (scales, (BFLOAT16,), False)},
+                              _mxfrag.plane_shapes(n, k), f"({n}, {k})")
+        self.blocks, self.scales = arrays["blocks"], arrays["scales"]
+
     @property
     def num_experts(self) -> int | None:
         return self.shape[0] if len(self.shape) == 3 else None
 
     def _replace(self, **arrays):
-        return MXFP4Weight(arrays["blocks"], arrays["scales"], arrays.get("bias"))
+        return MXFP4Weight(arrays["blocks"], arrays["scales"], arrays.get("bias"), layout=self.layout,
+                           shape=self.shape if self.layout == "frag" else None)
+
+    def canonical_arrays(self) -> tuple:
+        """(blocks, scales) in the canonical layout, as numpy arrays (a frag weight is
+        unpacked with the numpy reference)."""
+        b, s = self._host("blocks"), self._host("scales")
+        if self.layout == "frag":
+            return _mxfrag.unpack(b, s, *self.shape)
+        return b, s
+
+    def _frag_refusal(self) -> str | None:
+        if len(self.shape) == 2:
+            return None
+        return (f"only a dense [N, K] MXFP4 weight has the frag layout; stacked experts {self.shape} "
+                "(pyquant.moe) stay canonical")
+
+    def _canonical_weight(self) -> "MXFP4Weight":
+        return MXFP4Weight(*self.canonical_arrays(), bias=self._host("bias"))
+
+    def _repack_frag(self, ctx: Context, in_ctx: bool, stream) -> "MXFP4Weight":
+        n, k = self.shape
+        args = _lib.qg_mxfp4_repack_args(layout=_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG, n=n, k=k)
+        nb, ns = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        _lib.qg_mxfp4_repack_size(ctypes.byref(args), ctypes.byref(nb), ctypes.byref(ns))
+        planes = _mxfrag.plane_shapes(n, k)
+        out_b = _out_plane(planes["blocks"], np.int32, nb.value, ctx, in_ctx)
+        out_s = _out_plane(planes["scales"], BFLOAT16, ns.value, ctx, in_ctx)
+        args.blocks, args.scales = _address(self.blocks), _address(self.scales)
+        args.out_blocks, args.out_scales = _address(out_b), _address(out_s)
+        _lib.qg_mxfp4_repack(ctx.handle, ctypes.byref(args), stream_handle(stream))
+        return MXFP4Weight(out_b, out_s, self.bias, layout="frag", shape=self.shape)
 
     def dequantize(self) -> np.ndarray:
-        """float32 [N, K] (or [E, N, K]) through the numpy reference; bias not added."""
-        return _mxfp4.dequantize(self._host("blocks"), self._host("scales"))
+        """float32 [N, K] (or [E, N, K]) through the numpy reference, in either layout; bias
+        not added."""
+        return _mxfp4.dequantize(*self.canonical_arrays())
 
 
 def _format_spec(name: str):

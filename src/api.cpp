@@ -197,7 +197,9 @@ QG_ARGS_INFO(qg_w4a16_gemm_args, 128, 136, )
 QG_ARGS_INFO(qg_w4a16_repack_args, )
 // qg_gguf_gemm_args: 112 bytes, then `bias`, `bias_dtype`.
 QG_ARGS_INFO(qg_gguf_gemm_args, 112, )
-QG_ARGS_INFO(qg_mxfp4_gemm_args, )
+// qg_mxfp4_gemm_args: 120 bytes, then `layout` (format 3).
+QG_ARGS_INFO(qg_mxfp4_gemm_args, 120, )
+QG_ARGS_INFO(qg_mxfp4_repack_args, )
 QG_ARGS_INFO(qg_moe_align_args, )
 QG_ARGS_INFO(qg_moe_stage1_args, )
 QG_ARGS_INFO(qg_moe_stage2_args, )
@@ -207,6 +209,8 @@ static_assert(sizeof(void*) != 8 || (offsetof(qg_w4a16_gemm_args, layout) == 128
               "qg_w4a16_gemm_args: its first version ends at byte 128, the second at 136");
 static_assert(sizeof(void*) != 8 || offsetof(qg_gguf_gemm_args, bias) == 112,
               "qg_gguf_gemm_args: its first version ends at byte 112");
+static_assert(sizeof(void*) != 8 || offsetof(qg_mxfp4_gemm_args, layout) == 120,
+              "qg_mxfp4_gemm_args: its first version ends at byte 120");
 
 // "128, 136 or 152 bytes": the sizes of T's versions, for a message (thread-local text).
 template <class T>
@@ -372,6 +376,13 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     return QG_OK;
 }
 
+qg_status check_mxfp4_layout(int layout) {
+    EnumText t;
+    QG_CHECK(layout == QG_MXFP4_LAYOUT_CANONICAL || layout == QG_MXFP4_LAYOUT_FRAG,
+             "layout=%s is not a qg_mxfp4_layout value (0 canonical, 1 frag)", t(nullptr, layout));
+    return QG_OK;
+}
+
 qg_status check_mxfp4(const qg_mxfp4_gemm_args& a, bool pointers) {
     QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
     QG_TRY(check_positive("n", a.n));
@@ -384,14 +395,53 @@ qg_status check_mxfp4(const qg_mxfp4_gemm_args& a, bool pointers) {
     QG_TRY(check_ld("ldy", a.ldy, "n", a.n));
     QG_TRY(check_extent("ldx", a.ldx, "x", a.m, (int64_t)dtype_size(a.x_dtype)));
     QG_TRY(check_extent("ldy", a.ldy, "y", a.m, (int64_t)dtype_size(a.y_dtype)));
-    QG_TRY(check_extent("k", a.k, "blocks (k/2 bytes per row)", a.n, 1));
+    QG_TRY(check_mxfp4_layout(a.layout));
+    const bool frag = a.layout == QG_MXFP4_LAYOUT_FRAG;
+    if (frag)  // the planes hold N and K padded to 16 and 128
+        QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "blocks (the frag plane: k/2 bytes per padded row)",
+                            a.n + qg::frag::kRowBlock, 1));
+    else
+        QG_TRY(check_extent("k", a.k, "blocks (k/2 bytes per row)", a.n, 1));
     if (pointers) {
         QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
-        QG_TRY(check_ptr(a.blocks, "blocks", 1, "bytes"));
-        QG_TRY(check_ptr(a.scales, "scales", 1, "bytes"));
+        if (frag) {
+            // the frag planes are read with 16-byte loads (qg_malloc's alignment is larger)
+            QG_TRY(check_ptr(a.blocks, "blocks", 16, "frag layout: 16-byte fragment loads"));
+            QG_TRY(check_ptr(a.scales, "scales", 16, "frag layout: 16-byte scale records"));
+        } else {
+            QG_TRY(check_ptr(a.blocks, "blocks", 1, "bytes"));
+            QG_TRY(check_ptr(a.scales, "scales", 1, "bytes"));
+        }
         QG_TRY(check_bias(a.bias, a.bias_dtype, "MXFP4 bias", true));
         QG_TRY(check_ptr(a.y, "y", dtype_size(a.y_dtype), dtype_name(a.y_dtype)));
     }
+    return QG_OK;
+}
+
+// gpu: the repack runs on a GPU context, whose kernel reads the canonical blocks as 32-bit
+// words (the host loop reads them at any alignment).
+qg_status check_mxfp4_repack(const qg_mxfp4_repack_args& a, bool pointers, bool gpu) {
+    EnumText t;
+    QG_CHECK(a.layout == QG_MXFP4_LAYOUT_FRAG, "layout=%s: qg_mxfp4_repack produces QG_MXFP4_LAYOUT_FRAG (1) only",
+             t(a.layout == QG_MXFP4_LAYOUT_CANONICAL ? "QG_MXFP4_LAYOUT_CANONICAL" : nullptr, a.layout));
+    QG_TRY(check_positive("n", a.n));
+    QG_TRY(check_positive("k", a.k));
+    QG_CHECK(a.k % 32 == 0, "k=%lld is not a multiple of 32 (MXFP4 blocks)", (ll)a.k);
+    QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "blocks (k/2 bytes per row)", a.n + qg::frag::kRowBlock, 1));
+    if (!pointers) return QG_OK;
+    QG_TRY(check_ptr(a.blocks, "blocks", gpu ? 4 : 1, gpu ? "the GPU repack reads them as 32-bit words" : "bytes"));
+    QG_TRY(check_ptr(a.scales, "scales", 1, "bytes"));
+    QG_TRY(check_ptr(a.out_blocks, "out_blocks", 16, "frag layout: 16-byte fragment loads"));
+    QG_TRY(check_ptr(a.out_scales, "out_scales", 16, "frag layout: 16-byte scale records"));
+    const qg::frag::Geometry geo = qg::frag::Geometry(a.n, a.k, qg::MXFP4_BLOCK);
+    const size_t in_b = (size_t)a.n * (size_t)(a.k / 2), in_s = (size_t)a.n * (size_t)(a.k / 32);
+    const void* outs[2] = {a.out_blocks, a.out_scales};
+    const size_t out_bytes[2] = {(size_t)geo.qweight_bytes(), (size_t)geo.scales_bytes()};
+    const char* out_names[2] = {"out_blocks", "out_scales"};
+    for (int i = 0; i < 2; ++i)
+        QG_CHECK(disjoint(outs[i], out_bytes[i], a.blocks, in_b) && disjoint(outs[i], out_bytes[i], a.scales, in_s),
+                 "%s overlaps an input array (the repack reads the canonical arrays while it writes)", out_names[i]);
+    QG_CHECK(disjoint(outs[1], out_bytes[1], outs[0], out_bytes[0]), "out_scales overlaps out_blocks");
     return QG_OK;
 }
 
@@ -501,7 +551,8 @@ void strip_pointers(qg_gguf_gemm_args* a) {
     a->ldy = round16(a->ldy);
 }
 void strip_pointers(qg_mxfp4_gemm_args* a) {
-    a->x = a->bias = nullptr;
+    if (a->bias != nullptr) a->bias = reinterpret_cast<const void*>(256);  // as for W4A16
+    a->x = nullptr;
     a->blocks = a->scales = nullptr;
     a->y = a->workspace = nullptr;
     a->ldx = round16(a->ldx);
@@ -967,8 +1018,9 @@ struct Entry<qg_mxfp4_gemm_args> {
     static constexpr const char* rows_name = "m";
     static qg_status check(const qg_mxfp4_gemm_args& a, bool pointers) { return check_mxfp4(a, pointers); }
     static void log(const qg_mxfp4_gemm_args& a, const char* tier, const char* reason) {
-        qg::log_once("mxfp4 tier=%s (%s) m=%lld n=%lld k=%lld x=%s bias=%s", tier, reason, (ll)a.m, (ll)a.n, (ll)a.k,
-                     dtype_name(a.x_dtype), a.bias ? "yes" : "no");
+        qg::log_once("mxfp4 tier=%s (%s) m=%lld n=%lld k=%lld x=%s bias=%s layout=%s", tier, reason, (ll)a.m, (ll)a.n,
+                     (ll)a.k, dtype_name(a.x_dtype), a.bias ? "yes" : "no",
+                     a.layout == QG_MXFP4_LAYOUT_FRAG ? "frag" : "canonical");
     }
 };
 
@@ -1071,6 +1123,64 @@ qg_status run_workspace_query(const char* fn, qg_context* ctx, const Args* args,
     });
 }
 
+// The repack entry points (qg_w4a16_repack, qg_mxfp4_repack): guard, read the struct, check
+// every argument, log, then the host loop on a CPU context or the device kernel on a GPU one
+// (on `stream`). Repack<Args> holds what differs between the formats.
+template <class Args>
+struct Repack;
+
+template <>
+struct Repack<qg_w4a16_repack_args> {
+    static qg_status check(const qg_context*, const qg_w4a16_repack_args& a) { return check_w4a16_repack(a, true); }
+    static void log(const qg_w4a16_repack_args& a, const char* where) {
+        qg::log_once("w4a16 repack to %s on %s: n=%lld k=%lld group_size=%d %s", "frag", where, (ll)a.n, (ll)a.k,
+                     a.group_size, a.qzeros ? "asym" : "sym");
+    }
+    static void host(const qg_w4a16_repack_args& a) { qg::w4a16_repack_frag_host(a); }
+#if defined(QG_HAVE_GPU)
+    static qg_status gpu(const qg_context* c, const qg_w4a16_repack_args& a, qg_stream s) {
+        return qg::gpu_w4a16_repack(c, a, s);
+    }
+#endif
+};
+
+template <>
+struct Repack<qg_mxfp4_repack_args> {
+    static qg_status check(const qg_context* c, const qg_mxfp4_repack_args& a) {
+        return check_mxfp4_repack(a, true, is_gpu(c));
+    }
+    static void log(const qg_mxfp4_repack_args& a, const char* where) {
+        qg::log_once("mxfp4 repack to %s on %s: n=%lld k=%lld", "frag", where, (ll)a.n, (ll)a.k);
+    }
+    static void host(const qg_mxfp4_repack_args& a) { qg::mxfp4_repack_frag_host(a); }
+#if defined(QG_HAVE_GPU)
+    static qg_status gpu(const qg_context* c, const qg_mxfp4_repack_args& a, qg_stream s) {
+        return qg::gpu_mxfp4_repack(c, a, s);
+    }
+#endif
+};
+
+template <class Args>
+qg_status run_repack(const char* fn, qg_context* ctx, const Args* args, qg_stream stream) {
+    typedef Repack<Args> R;
+    return guarded(fn, [&]() -> qg_status {
+        QG_TRY(check_ctx(ctx));
+        Args a;
+        QG_TRY(read_args(args, &a));
+        QG_TRY(R::check(ctx, a));
+        R::log(a, is_gpu(ctx) ? "the GPU" : "the CPU");
+        if (!is_gpu(ctx)) {
+            R::host(a);
+            return QG_OK;
+        }
+#if defined(QG_HAVE_GPU)
+        return R::gpu(ctx, a, stream);
+#else
+        return set_error(QG_ERR_INTERNAL, "unreachable: GPU context without QG_HAVE_GPU");
+#endif
+    });
+}
+
 }  // namespace
 
 extern "C" {
@@ -1102,23 +1212,7 @@ QG_API qg_status qg_w4a16_repack_size(const qg_w4a16_repack_args* args, size_t* 
 }
 
 QG_API qg_status qg_w4a16_repack(qg_context* ctx, const qg_w4a16_repack_args* args, qg_stream stream) {
-    return guarded("qg_w4a16_repack", [&]() -> qg_status {
-        QG_TRY(check_ctx(ctx));
-        qg_w4a16_repack_args a;
-        QG_TRY(read_args(args, &a));
-        QG_TRY(check_w4a16_repack(a, true));
-        qg::log_once("w4a16 repack to %s on %s: n=%lld k=%lld group_size=%d %s", "frag",
-                     is_gpu(ctx) ? "the GPU" : "the CPU", (ll)a.n, (ll)a.k, a.group_size, a.qzeros ? "asym" : "sym");
-        if (!is_gpu(ctx)) {
-            qg::w4a16_repack_frag_host(a);
-            return QG_OK;
-        }
-#if defined(QG_HAVE_GPU)
-        return qg::gpu_w4a16_repack(ctx, a, stream);
-#else
-        return set_error(QG_ERR_INTERNAL, "unreachable: GPU context without QG_HAVE_GPU");
-#endif
-    });
+    return run_repack("qg_w4a16_repack", ctx, args, stream);
 }
 
 // ------------------------------------------------------------------ GGUF
@@ -1139,6 +1233,23 @@ QG_API qg_status qg_mxfp4_gemm_workspace_size(qg_context* ctx, const qg_mxfp4_ge
 
 QG_API qg_status qg_mxfp4_gemm(qg_context* ctx, const qg_mxfp4_gemm_args* args, qg_stream stream) {
     return run_entry("qg_mxfp4_gemm", ctx, args, stream);
+}
+
+QG_API qg_status qg_mxfp4_repack_size(const qg_mxfp4_repack_args* args, size_t* blocks_bytes, size_t* scales_bytes) {
+    return guarded("qg_mxfp4_repack_size", [&]() -> qg_status {
+        qg_mxfp4_repack_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(blocks_bytes != nullptr && scales_bytes != nullptr, "blocks_bytes and scales_bytes must not be NULL");
+        QG_TRY(check_mxfp4_repack(a, false, false));
+        const qg::frag::Geometry geo = qg::frag::Geometry(a.n, a.k, qg::MXFP4_BLOCK);
+        *blocks_bytes = (size_t)geo.qweight_bytes();
+        *scales_bytes = (size_t)geo.scales_bytes();
+        return QG_OK;
+    });
+}
+
+QG_API qg_status qg_mxfp4_repack(qg_context* ctx, const qg_mxfp4_repack_args* args, qg_stream stream) {
+    return run_repack("qg_mxfp4_repack", ctx, args, stream);
 }
 
 // ------------------------------------------------------------------ MXFP4 MoE

@@ -1,5 +1,6 @@
 // W4A16 weight layouts on the host: the CPU repack (canonical -> frag, qg_w4a16_repack on
-// a CPU context) and its inverse, which lets the CPU tier serve a frag-layout call.
+// a CPU context) and its inverse, which lets the CPU tier serve a frag-layout call, and the
+// plane loops they share with the MXFP4 layout (src/frag_planes.h).
 // Positions come from src/formats/w4a16_frag.h; pyquant/formats/int4_frag.py is the
 // specification the tests hold both directions to, byte for byte.
 #include <stdint.h>
@@ -9,14 +10,25 @@
 #include <new>
 
 #include "formats/w4a16_frag.h"
+#include "frag_planes.h"
 #include "tiers.h"
 
 namespace qg {
 namespace {
 
-// nibble (n, k) of the canonical qweight [N, K/8]
-inline uint32_t canonical_q(const int32_t* qweight, int64_t k, int64_t n, int64_t kk) {
-    return (static_cast<uint32_t>(qweight[n * (k / 8) + kk / 8]) >> (4 * (kk % 8))) & 15u;
+// word i of a canonical array of 32-bit words, at any alignment (MXFP4 blocks are bytes)
+inline uint32_t load_word(const void* words, int64_t i) {
+    uint32_t w;
+    memcpy(&w, static_cast<const uint8_t*>(words) + 4 * i, 4);
+    return w;
+}
+
+inline void or_word(void* words, int64_t i, uint32_t bits) {
+    uint8_t* p = static_cast<uint8_t*>(words) + 4 * i;
+    uint32_t w;
+    memcpy(&w, p, 4);
+    w |= bits;
+    memcpy(p, &w, 4);
 }
 
 // zero nibble of (row n, group grp) of the canonical qzeros [N/8, K/G]
@@ -26,9 +38,8 @@ inline uint32_t canonical_z(const int32_t* qzeros, int64_t groups, int64_t n, in
 
 }  // namespace
 
-void w4a16_repack_frag_host(const qg_w4a16_repack_args& a) {
-    const frag::Geometry geo(a.n, a.k, a.group_size);
-    uint32_t* out_q = static_cast<uint32_t*>(a.out_qweight);
+void frag_pack_words(const frag::Geometry& geo, const void* canonical, uint32_t* plane, uint32_t (*place)(uint32_t)) {
+    const int64_t row_words = geo.k / 8;
     for (int64_t rb = 0; rb < geo.row_blocks; ++rb)
         for (int64_t kt = 0; kt < geo.k_tiles; ++kt)
             for (int lane = 0; lane < frag::kLanes; ++lane)
@@ -37,61 +48,62 @@ void w4a16_repack_frag_host(const qg_w4a16_repack_args& a) {
                     for (int j = 0; j < 8; ++j) {
                         const int64_t n = rb * frag::kRowBlock + frag::nibble_row(lane, j);
                         const int64_t kk = kt * frag::kKTile + frag::nibble_k(lane, s, j);
-                        if (n < a.n && kk < a.k) word |= canonical_q(a.qweight, a.k, n, kk) << (4 * j);
+                        if (n < geo.n && kk < geo.k)
+                            word |= ((load_word(canonical, n * row_words + kk / 8) >> (4 * (kk % 8))) & 15u) << (4 * j);
                     }
-                    *out_q++ = word;
+                    *plane++ = place ? place(word) : word;
                 }
+}
+
+void frag_unpack_words(const frag::Geometry& geo, const uint32_t* plane, void* canonical,
+                       uint32_t (*unplace)(uint32_t)) {
+    const int64_t row_words = geo.k / 8;
+    memset(canonical, 0, static_cast<size_t>(geo.n) * static_cast<size_t>(row_words) * 4);
+    for (int64_t rb = 0; rb < geo.row_blocks; ++rb)
+        for (int64_t kt = 0; kt < geo.k_tiles; ++kt)
+            for (int lane = 0; lane < frag::kLanes; ++lane)
+                for (int s = 0; s < frag::kWordsPerLane; ++s) {
+                    const uint32_t word = unplace ? unplace(*plane) : *plane;
+                    ++plane;
+                    for (int j = 0; j < 8; ++j) {
+                        const int64_t n = rb * frag::kRowBlock + frag::nibble_row(lane, j);
+                        const int64_t kk = kt * frag::kKTile + frag::nibble_k(lane, s, j);
+                        if (n >= geo.n || kk >= geo.k) continue;
+                        or_word(canonical, n * row_words + kk / 8, ((word >> (4 * j)) & 15u) << (4 * (kk % 8)));
+                    }
+                }
+}
+
+void w4a16_repack_frag_host(const qg_w4a16_repack_args& a) {
+    const frag::Geometry geo(a.n, a.k, a.group_size);
+    frag_pack_words(geo, a.qweight, static_cast<uint32_t*>(a.out_qweight));
     const uint16_t* scales = static_cast<const uint16_t*>(a.scales);
     uint16_t* out_s = static_cast<uint16_t*>(a.out_scales);
     uint8_t* out_z = static_cast<uint8_t*>(a.out_qzeros);
-    for (int64_t rb = 0; rb < geo.row_blocks; ++rb)
-        for (int64_t kc = 0; kc < geo.k_chunks; ++kc)
-            for (int g = 0; g < 8; ++g)
-                for (int c = 0; c < geo.groups_per_chunk; ++c) {
-                    const int64_t grp = kc * geo.groups_per_chunk + c;
-                    uint32_t zb = 0;
-                    for (int h = 0; h < 2; ++h) {
-                        const int64_t n = rb * frag::kRowBlock + g + 8 * h;
-                        const bool real = n < a.n && grp < geo.groups;
-                        out_s[geo.scale_index(rb, kc, g, c, h)] = real ? scales[n * geo.groups + grp] : 0;
-                        if (out_z != nullptr && real) zb |= canonical_z(a.qzeros, geo.groups, n, grp) << (4 * h);
-                    }
-                    if (out_z != nullptr) out_z[geo.zero_index(rb, kc, g, c)] = static_cast<uint8_t>(zb);
-                }
+    for_each_scale(geo, [&](int64_t i, int64_t n, int64_t grp, bool real) {
+        out_s[i] = real ? scales[n * geo.groups + grp] : 0;
+        if (out_z == nullptr) return;
+        // byte i / 2 = z[row g] | z[row g + 8] << 4; its h = 0 half comes first
+        const uint32_t z = real ? canonical_z(a.qzeros, geo.groups, n, grp) : 0;
+        out_z[i / 2] = static_cast<uint8_t>(i % 2 == 0 ? z : out_z[i / 2] | (z << 4));
+    });
 }
 
 void w4a16_frag_to_canonical_host(const qg_w4a16_gemm_args& a, int32_t* qweight, uint16_t* scales,
                                   int32_t* qzeros) {
     const frag::Geometry geo(a.n, a.k, a.group_size);
-    memset(qweight, 0, static_cast<size_t>(a.n) * static_cast<size_t>(a.k / 8) * 4);
-    const uint32_t* in_q = reinterpret_cast<const uint32_t*>(a.qweight);
-    for (int64_t rb = 0; rb < geo.row_blocks; ++rb)
-        for (int64_t kt = 0; kt < geo.k_tiles; ++kt)
-            for (int lane = 0; lane < frag::kLanes; ++lane)
-                for (int s = 0; s < frag::kWordsPerLane; ++s) {
-                    const uint32_t word = *in_q++;
-                    for (int j = 0; j < 8; ++j) {
-                        const int64_t n = rb * frag::kRowBlock + frag::nibble_row(lane, j);
-                        const int64_t kk = kt * frag::kKTile + frag::nibble_k(lane, s, j);
-                        if (n >= a.n || kk >= a.k) continue;
-                        const uint32_t q = (word >> (4 * j)) & 15u;
-                        reinterpret_cast<uint32_t*>(qweight)[n * (a.k / 8) + kk / 8] |= q << (4 * (kk % 8));
-                    }
-                }
+    frag_unpack_words(geo, reinterpret_cast<const uint32_t*>(a.qweight), qweight);
     const uint16_t* in_s = static_cast<const uint16_t*>(a.scales);
     const uint8_t* in_z = reinterpret_cast<const uint8_t*>(a.qzeros);
     if (qzeros != nullptr) memset(qzeros, 0, static_cast<size_t>(a.n / 8) * static_cast<size_t>(geo.groups) * 4);
-    for (int64_t n = 0; n < a.n; ++n)
-        for (int64_t grp = 0; grp < geo.groups; ++grp) {
-            const int64_t rb = n / frag::kRowBlock, kc = grp / geo.groups_per_chunk;
-            const int r = static_cast<int>(n % frag::kRowBlock), c = static_cast<int>(grp % geo.groups_per_chunk);
-            const int g = r % 8, h = r / 8;
-            scales[n * geo.groups + grp] = in_s[geo.scale_index(rb, kc, g, c, h)];
-            if (qzeros != nullptr) {
-                const uint32_t z = (in_z[geo.zero_index(rb, kc, g, c)] >> (4 * h)) & 15u;
-                reinterpret_cast<uint32_t*>(qzeros)[(n / 8) * geo.groups + grp] |= z << (4 * (n % 8));
-            }
+    for_each_scale(geo, [&](int64_t i, int64_t n, int64_t grp, bool real) {
+        if (!real) return;
+        scales[n * geo.groups + grp] = in_s[i];
+        if (qzeros != nullptr) {
+            const uint32_t z = (in_z[i / 2] >> (4 * (i % 2))) & 15u;
+            reinterpret_cast<uint32_t*>(qzeros)[(n / 8) * geo.groups + grp] |= z << (4 * (n % 8));
         }
+    });
 }
 
 // CPU tier on a frag-layout weight: unpack into temporary canonical arrays (host memory of

@@ -186,6 +186,20 @@ def poisoned_output():
     return Guarded
 
 
+# ---------------------------------------------------------------- one-hot activations
+
+def one_hot_case(rng, w_deq, extra: int = 0):
+    """x [M, K] float32 of one-hot rows (a single 1 at column perm[i] of row i: every column
+    once in a random order, then `extra` more) and the output that a GEMM with the decoded
+    weight w_deq [N, K] must give bit for bit: want[i, n] = w_deq[n, perm[i]], -0 as +0
+    (one exact product plus exact zeros)."""
+    k = w_deq.shape[1]
+    perm = np.concatenate([rng.permutation(k), rng.permutation(k)[:extra]])
+    x = np.zeros((len(perm), k), np.float32)
+    x[np.arange(len(perm)), perm] = 1
+    return x, np.ascontiguousarray(w_deq[:, perm].T + np.float32(0))
+
+
 # ---------------------------------------------------------------- comparisons
 
 def _assert_close(y, ref, bound: float, name: str) -> float:

@@ -203,8 +203,19 @@ def _gguf_args(rng, g, m=2, n=8, **over):
     return _lib.qg_gguf_gemm_args(**fields), (raw, x)
 
 
+def _mxfp4_args(rng, g, m=2, n=8, **over):
+    blocks = rng.integers(0, 256, size=(n, 2, 16), dtype=np.uint8)
+    scales = rng.integers(118, 130, size=(n, 2), dtype=np.uint8)
+    x = rng.standard_normal((m, 64)).astype(np.float32)
+    fields = dict(m=m, n=n, k=64, x_dtype=DType.QG_DTYPE_F32, y_dtype=DType.QG_DTYPE_F32, x=x.ctypes.data,
+                  ldx=64, blocks=blocks.ctypes.data, scales=scales.ctypes.data, y=g.y.ctypes.data, ldy=g.ld)
+    fields.update(over)
+    return _lib.qg_mxfp4_gemm_args(**fields), (blocks, scales, x)
+
+
 FAMILIES = {"w4a16": (_w4a16_args, _lib.qg_w4a16_gemm, np.float16, "W4A16"),
-            "gguf": (_gguf_args, _lib.qg_gguf_gemm, np.float32, "GGUF")}
+            "gguf": (_gguf_args, _lib.qg_gguf_gemm, np.float32, "GGUF"),
+            "mxfp4": (_mxfp4_args, _lib.qg_mxfp4_gemm, np.float32, "MXFP4")}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -229,7 +240,7 @@ def _call_with_size(fn, ctx, args, size):
     return fn(ctx.handle, ctypes.byref(view), None)
 
 
-@pytest.mark.parametrize("family,older", [("w4a16", 128), ("w4a16", 136), ("gguf", 112)])
+@pytest.mark.parametrize("family,older", [("w4a16", 128), ("w4a16", 136), ("gguf", 112)])  # mxfp4 always had one
 def test_an_older_struct_has_no_bias(rng, ctx, poisoned_output, family, older, assert_bitwise_equal):
     """A caller built against a struct version before the bias passes that version's size:
     whatever lies past it (here a bias pointer that would be refused, misaligned, with a
@@ -248,7 +259,7 @@ def test_an_older_struct_has_no_bias(rng, ctx, poisoned_output, family, older, a
 
 @pytest.mark.parametrize("family,size,versions", [
     ("w4a16", 144, "128, 136 or 152 bytes"), ("w4a16", 130, "128, 136 or 152 bytes"),
-    ("gguf", 120, "112 or 128 bytes")])
+    ("gguf", 120, "112 or 128 bytes"), ("mxfp4", 124, "120 or 128 bytes")])
 def test_a_size_between_versions_is_refused(rng, ctx, poisoned_output, family, size, versions):
     make, fn, y_dt, _ = FAMILIES[family]
     g = poisoned_output(2, 8, y_dt)
@@ -256,3 +267,49 @@ def test_a_size_between_versions_is_refused(rng, ctx, poisoned_output, family, s
     name = type(args).__name__
     _expect(ValueError, rf"args->size={size} is not the size of a version of {name} \({versions}\)",
             lambda: _call_with_size(fn, ctx, args, size), g)
+
+
+@pytest.mark.parametrize("stale_layout", [_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG, 7], ids=["frag", "not-a-layout"])
+def test_an_older_mxfp4_struct_reads_the_canonical_layout(rng, ctx, poisoned_output, stale_layout,
+                                                          assert_bitwise_equal):
+    """qg_mxfp4_gemm_args before `layout` (120 bytes): whatever lies past its end (here FRAG
+    next to canonical, byte-aligned arrays, or no layout value at all) is not read, and the
+    weight is canonical."""
+    make, fn, y_dt, _ = FAMILIES["mxfp4"]
+    g0, g1 = poisoned_output(2, 8, y_dt), poisoned_output(2, 8, y_dt)
+    args, keep = make(rng, g0)
+    fn(ctx.handle, ctypes.byref(args), None)
+    stale = type(args).from_buffer_copy(bytes(args))
+    stale.y, stale.layout = g1.y.ctypes.data, stale_layout
+    _call_with_size(fn, ctx, stale, 120)
+    assert_bitwise_equal(g1.value(), g0.value(), "mxfp4 struct of 120 bytes")
+
+
+def test_mxfp4_layout_value_is_checked(rng, ctx, poisoned_output):
+    g = poisoned_output(2, 8, np.float32)
+    args, keep = _mxfp4_args(rng, g, layout=2)
+    _expect(ValueError, r"layout=2 is not a qg_mxfp4_layout value \(0 canonical, 1 frag\)",
+            lambda: _lib.qg_mxfp4_gemm(ctx.handle, ctypes.byref(args), None), g)
+    nbytes = ctypes.c_size_t(0)
+    _expect(ValueError, r"layout=2 is not a qg_mxfp4_layout value",
+            lambda: _lib.qg_mxfp4_gemm_workspace_size(ctx.handle, ctypes.byref(args), ctypes.byref(nbytes)), g)
+
+
+@pytest.mark.parametrize("plane,why", [("blocks", "16-byte fragment loads"), ("scales", "16-byte scale records")])
+def test_mxfp4_frag_planes_must_be_16_byte_aligned(rng, ctx, poisoned_output, plane, why):
+    """The canonical arrays are bytes (any address); the frag planes are read 16 bytes at a
+    time, and a plane off by 4 bytes is refused by name before anything is written."""
+    g = poisoned_output(2, 40, np.float32)
+    w = pyquant.from_mxfp4(rng.integers(0, 256, size=(40, 7, 16), dtype=np.uint8),
+                           rng.integers(118, 130, size=(40, 7), dtype=np.uint8)).repack()
+    shifted = {n: np.asarray(getattr(w, n)) for n in ("blocks", "scales")}
+    buf = np.zeros(shifted[plane].nbytes + 64, np.uint8)
+    at = (-buf.ctypes.data) % 16 + 4
+    buf[at: at + shifted[plane].nbytes] = shifted[plane].view(np.uint8).reshape(-1)
+    shifted[plane] = buf[at: at + shifted[plane].nbytes]
+    x = rng.standard_normal((2, 224)).astype(np.float32)
+    args, keep = _mxfp4_args(rng, g, n=40, k=224, x=x.ctypes.data, ldx=224,
+                             blocks=shifted["blocks"].ctypes.data, scales=shifted["scales"].ctypes.data,
+                             layout=_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG)
+    _expect(ValueError, rf"{plane}=0x[0-9a-f]+ is not aligned to 16 bytes \(frag layout: {why}\)",
+            lambda: _lib.qg_mxfp4_gemm(ctx.handle, ctypes.byref(args), None), g)

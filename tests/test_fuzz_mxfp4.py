@@ -16,7 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 from fuzz_harness import (  # noqa: E402
     ALIGNED, CPU_ENV, Expect, F32, FLOAT_DTYPES, FUZZ_SETTINGS, HUGE, I32, LD_PAD, M_VALUES,
     NOT_ENUM, NP_DTYPE, N_MUTATIONS, REQUIRES_LIBRARY, SIZE_FIELDS, U4X8, U8, accepted_output,
-    allow_empty, args_and_ctx, args_mutation, assert_close, base_spec, call,
+    allow_empty, args_and_ctx, args_mutation, assert_close, base_spec, call, reads_field,
     check_misaligned_args_refused, common_expect, drive, examples, float_input,
     force_fault_next_to_huge, gemm_sizes_expect, is_sane, mxfp4_weight, output_matrix, ptr_mutation,
     rng_of, run_case, run_gpu_case, small, workspace_step, bias_dtype_mutation, bias_expect, bias_input,
@@ -44,9 +44,12 @@ def mxfp4_specs(draw):
     bias_spec(draw, s)
     for _ in range(draw(N_MUTATIONS)):
         what = draw(st.sampled_from(["m", "n", "k", "x_dtype", "y_dtype", "bias_dtype", "ldx",
-                                     "ldy", "ptr", "args", "huge"]))
+                                     "ldy", "ptr", "args", "huge", "layout"]))
         if what == "m":
             s["m"] = draw(st.sampled_from([0, -1, -2 ** 63]))
+        elif what == "layout":
+            # not a qg_mxfp4_layout value (1 = frag is valid, but these buffers are canonical)
+            s["layout"] = draw(st.sampled_from([2, -1, 7, 2 ** 31 - 1]))
         elif what == "n":
             s["n"] = draw(st.sampled_from([0, -1, -2 ** 63]))
         elif what == "k":
@@ -86,6 +89,8 @@ def mxfp4_expect(s, pointers=True):
     exp.bad(s["x_dtype"] not in FLOAT_DTYPES, "x_dtype")
     exp.bad(s["y_dtype"] not in (s["x_dtype"], F32), "y_dtype")
     bias_expect(exp, s, L.qg_mxfp4_gemm_args, pointers)
+    # a first-version struct (size 120) has no layout field: canonical whatever it holds
+    exp.bad(s.get("layout", 0) != 0 and reads_field(L.qg_mxfp4_gemm_args, s, "layout"), "layout")
     exp.bad(s["ldx"] < k, "ldx")
     exp.bad(s["ldy"] < n, "ldy")
     exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)
@@ -117,7 +122,7 @@ def mxfp4_case(s, env=CPU_ENV):
                              blocks=mem.input("blocks", blocks, ptr["blocks"]),
                              scales=mem.input("scales", scales, ptr["scales"]),
                              bias=bias_ptr, bias_dtype=s["bias_dtype"],
-                             ldy=s["ldy"])
+                             ldy=s["ldy"], layout=s.get("layout", 0))
     y_elems = output_matrix(mem, a, am, an, ldy, ydt, ptr["y"])
     pa, ctx = args_and_ctx(mem, s, a, env)
     workspace_step(env, mem, "qg_mxfp4_gemm_workspace_size", L.qg_mxfp4_gemm_workspace_size, ctx, pa, a,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pyquant
-from conftest import assert_elementwise, registry_formats
+from conftest import assert_elementwise, one_hot_case, registry_formats
 from pyquant import _lib, tiers
 from pyquant import formats as F
 from pyquant.formats import bf16_tile, int4_frag, int8_act, reference
@@ -158,16 +158,13 @@ def test_w4a16_gpu_one_hot(rng, gpu_ctx, layout, assert_bitwise_equal):
             w = random_int4(rng, n, k, g, symmetric, BF16)
             wd = w.to_device(gpu_ctx, layout=layout)
             for m_extra, x_dt in ((0, F16), (k, BF16)):  # M = K, and M = 2K (prefill sizes)
-                perm = np.concatenate([rng.permutation(k), rng.permutation(k)[:m_extra]])
-                x = np.zeros((len(perm), k), np.float32)
-                x[np.arange(len(perm)), perm] = 1
-                want = np.ascontiguousarray(w.dequantize()[:, perm].T + np.float32(0))
+                x, want = one_hot_case(rng, w.dequantize(), m_extra)
                 xd = pyquant.DeviceArray.from_numpy(x.astype(x_dt), gpu_ctx)
 
                 def check(tier):
                     y = pyquant.gemm(xd, wd, out_dtype=np.float32).to_numpy()
                     assert_bitwise_equal(y, want, f"one-hot w4a16 tier={tier} g{g} sym={symmetric} "
-                                         f"m={len(perm)} x={x_dt} {layout}")
+                                         f"m={len(x)} x={x_dt} {layout}")
                 _run_tiers(gpu_ctx, "w4a16", check)
 
 

@@ -61,6 +61,7 @@ CASES = {
              8 * pyquant.formats.get(fmt).block_elems) for fmt in GGUF_FORMATS},
     "mxfp4": (lambda rng, n, k: random_mxfp4(rng, (n,), k), 40, 768),
     "mxfp4-bias": (lambda rng, n, k: random_mxfp4(rng, (n,), k, bias_dtype=BF16), 40, 768),
+    "mxfp4-frag-bias": (lambda rng, n, k: random_mxfp4(rng, (n,), k, bias_dtype=BF16).repack(), 128, 1024),
 }
 
 
@@ -172,7 +173,7 @@ def _gather(buf: np.ndarray, c) -> bytes:
 
 @pytest.mark.parametrize("axis", ["n", "k"])
 @pytest.mark.parametrize("case", ["int4-g128-asym-bf16", "int4-frag-g64-asym", "q6_K", "mxfp4-bias",
-                                  "int4-frag-g128-bias", "q4_K-bias", "gguf-padded-rows"])
+                                  "mxfp4-frag-bias", "int4-frag-g128-bias", "q4_K-bias", "gguf-padded-rows"])
 def test_plan_copies_are_the_byte_slices(rng, case, axis):
     if case == "gguf-padded-rows":  # rows 16 bytes apart in host memory, as to_device() lays them
         raw = pyquant.formats.get("q6_K").module.random_blocks(rng, 40, 1024)  # rows of 840 bytes
@@ -332,8 +333,8 @@ def _same_bytes(a, b) -> bool:
     return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
-DEVICE_CASES = ["int4-g128-asym-bf16", "int4-frag-g64-asym", "q6_K", "q4_K", "mxfp4-bias", "int4-frag-g128-bias",
-                "q4_K-bias"]
+DEVICE_CASES = ["int4-g128-asym-bf16", "int4-frag-g64-asym", "q6_K", "q4_K", "mxfp4-bias", "mxfp4-frag-bias",
+                "int4-frag-g128-bias", "q4_K-bias"]
 
 
 def _device_shards(rng, ctx, case, axis):
@@ -341,9 +342,9 @@ def _device_shards(rng, ctx, case, axis):
     against the host shard's, GGUF rows must stay 16 bytes apart."""
     make, n, k = CASES[case]
     w = make(rng, n, k)
-    # int4: the host weight's own layout (a GPU context's "auto" would repack a canonical
-    # weight to frag; the frag case covers that layout)
-    wd = w.to_device(ctx, layout=w.layout) if isinstance(w, pyquant.Int4Weight) else w.to_device(ctx)
+    # int4, mxfp4: the host weight's own layout (a GPU context's "auto" would repack a
+    # canonical weight to frag; the frag cases cover that layout)
+    wd = w.to_device(ctx, layout=w.layout) if hasattr(w, "layout") else w.to_device(ctx)
     pairs = []
     for i in range(2):
         sh, sd = w.shard(axis, 2, i), wd.shard(axis, 2, i)

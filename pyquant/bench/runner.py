@@ -116,6 +116,17 @@ def _make_weights(pq, case: C.Case, a: dict):
             pq.from_mxfp4(a["w2_blocks"], a["w2_scales"], a["w2_bias"]))
 
 
+def _counted_nbytes(w) -> int:
+    """w.nbytes as the bench counts a weight: its canonical arrays (bench/cases.py). A frag
+    MXFP4 weight's planes hold each E8M0 scale as 2 bf16 bytes (4.5 instead of 4.25 bits per
+    weight, docs/w4a16-layout.md "MXFP4"): the bench charges the format's 17 bytes per block,
+    so the GB/s of the GPU tiers are of the format, not of the layout they chose."""
+    if getattr(w, "format", None) == "mxfp4" and w.layout == "frag":
+        n, k = w.shape
+        return n * (k // 32) * 17 + (0 if w.bias is None else int(w.bias.nbytes))
+    return w.nbytes
+
+
 class LibraryRunner:
     def __init__(self, backend: str = "auto", device: int = 0, budget_s: float | None = None,
                  peers: bool = True):
@@ -153,7 +164,7 @@ class LibraryRunner:
         self._weights = None
         self._ckey = None
         self._call = None
-        self.repack_ms = {}   # (n, k, G, symmetric) -> (ms, canonical bytes)
+        self.repack_ms = {}   # "w4a16 repack NxK g128 asym", "mxfp4 repack NxK" -> (ms, canonical bytes)
 
     # ------------------------------------------------------------ machine
 
@@ -189,21 +200,26 @@ class LibraryRunner:
             w = _make_weights(self.pq, case, arrays if (self.gpu or c == 0) else
                               {n: None if a is None else a.copy() for n, a in arrays.items()})
             if self.gpu:
+                # to_device gives a dense weight the frag layout the GPU tiers read (int4, mxfp4);
+                # stacked MoE experts stay canonical
                 w = tuple(x.to_device(self.ctx) for x in w) if isinstance(w, tuple) else w.to_device(self.ctx)
             ws.append(w)
-        if self.gpu and case.family == "w4a16":
+        if self.gpu and case.family in ("w4a16", "mxfp4"):
             self._time_repack(case, ws[0])
         first = ws[0][0] if isinstance(ws[0], tuple) else ws[0]
-        if case.family != "moe" and first.nbytes != C.dense_weight_bytes(case):
+        if case.family != "moe" and _counted_nbytes(first) != C.dense_weight_bytes(case):
             print(f"bench: warning: {case.label}: weight.nbytes = {first.nbytes} but the bench "
                   f"counts {C.dense_weight_bytes(case)} bytes", file=sys.stderr)
         self._wkey, self._weights = case.weight_key, ws
         return ws
 
     def _time_repack(self, case: C.Case, w) -> None:
-        """Device time of qg_w4a16_repack (canonical -> frag) for this weight, once per shape
-        and group size: the one-time cost a frag weight pays (reported in the notes)."""
-        key = (case.n, case.k, C.parse_w4a16_variant(case.variant).group_size, w.qzeros is None)
+        """Device time of qg_w4a16_repack / qg_mxfp4_repack (canonical -> frag) for this
+        weight, once per shape (and int4 group size): the one-time cost a frag weight pays
+        (reported in the notes)."""
+        key = f"{case.family} repack {case.n}x{case.k}"
+        if case.family == "w4a16":
+            key += f" g{C.parse_w4a16_variant(case.variant).group_size} {'sym' if w.qzeros is None else 'asym'}"
         if key in self.repack_ms:
             return
         canon = w.to_device(self.ctx, layout="canonical") if w.layout == "frag" else w
@@ -281,8 +297,8 @@ class LibraryRunner:
             out.append(f"{starved} groups of timed calls were enqueued slower than the device ran "
                        f"them even behind {self.timer.MAX_BACKLOG} backlog copies: their times "
                        "may include host launch gaps")
-        for (n, k, g, sym), (ms, nbytes) in sorted(self.repack_ms.items()):
-            out.append(f"w4a16 repack {n}x{k} g{g} {'sym' if sym else 'asym'} to the frag layout on the GPU: "
+        for what, (ms, nbytes) in sorted(self.repack_ms.items()):
+            out.append(f"{what} to the frag layout on the GPU: "
                        f"{ms * 1e3:.0f} us ({nbytes / (ms * 1e-3) / 1e9:.0f} GB/s of canonical weight read)")
         return out
 

@@ -5,6 +5,8 @@ the one-time repack that the GPU decode and prefill tiers read: every 16-byte lo
 lane IS its tensor-core A fragments, so the kernels never permute weights or activations.
 docs/w4a16-layout.md explains the choices; this module is the exact definition, and the
 library's CPU repack (src/w4a16_layout.cpp) and GPU repack kernel must produce these bytes.
+The MXFP4 frag layout (pyquant.formats.mxfp4_frag) is this one for G = 32 without zeros:
+it is built on pack_nibbles / pack_scales below.
 
 Padding: N is padded to Np = 16 * ceil(N / 16) rows and K to Kp = 128 * ceil(K / 128)
 (a multiple of every group size). Padded weights are q = 0 with zero-point 0 and scale 0,
@@ -48,7 +50,7 @@ import numpy as np
 from . import int4 as _int4
 
 __all__ = ["ROW_BLOCK", "K_TILE", "K_CHUNK", "padded_shape", "plane_shapes", "repack", "unpack",
-           "fragment_coords"]
+           "fragment_coords", "pack_nibbles", "unpack_nibbles", "pack_scales", "unpack_scales"]
 
 ROW_BLOCK = 16   # rows of one fragment tile (the mma M)
 K_TILE = 64      # k of one fragment tile: 4 k16 steps, 16 bytes per lane
@@ -97,28 +99,63 @@ def _scale_coords(n: int, k: int, group_size: int):
     return row, grp
 
 
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """The qweight plane int32 [RB, KT, 32, 4] of the 4-bit values q [N, K] (0..15; any N,
+    K a multiple of 8), padding 0. Shared with the MXFP4 frag layout (its E2M1 codes)."""
+    n, k = q.shape
+    np_, kp = padded_shape(n, k)
+    q_pad = np.zeros((np_, kp), np.uint32)
+    q_pad[:n, :k] = q
+    row, kk = fragment_coords(n, k)
+    nib = q_pad[row, kk]                                    # [RB, KT, 32, 4, 8]
+    words = np.bitwise_or.reduce(nib << (np.arange(8, dtype=np.uint32) * 4), axis=-1)
+    return words.astype(np.uint32).view(np.int32)
+
+
+def unpack_nibbles(fq: np.ndarray, n: int, k: int) -> np.ndarray:
+    """Inverse of pack_nibbles: the values uint8 [N, K] (padding dropped)."""
+    np_, kp = padded_shape(n, k)
+    fq = np.asarray(fq).reshape(np_ // ROW_BLOCK, kp // K_TILE, 32, 4).view(np.uint32)
+    nib = (fq[..., None] >> (np.arange(8, dtype=np.uint32) * 4)) & np.uint32(15)
+    row, kk = fragment_coords(n, k)
+    q = np.zeros((np_, kp), np.uint8)
+    q[row, kk] = nib
+    return q[:n, :k]
+
+
+def pack_scales(scales: np.ndarray, k: int, group_size: int) -> np.ndarray:
+    """The scales plane [RB, KC, 8, GC, 2] of the per-group values scales [N, K/G] (any
+    16-bit dtype, kept), padding 0."""
+    n = scales.shape[0]
+    np_, kp = padded_shape(n, k)
+    s_pad = np.zeros((np_, kp // group_size), scales.dtype)
+    s_pad[:n, : k // group_size] = scales
+    srow, sgrp = _scale_coords(n, k, group_size)
+    return np.ascontiguousarray(s_pad[srow, sgrp])
+
+
+def unpack_scales(fs: np.ndarray, n: int, k: int, group_size: int) -> np.ndarray:
+    """Inverse of pack_scales: [N, K/G] in the plane's dtype (padding dropped)."""
+    fs = np.asarray(fs).reshape(plane_shapes(n, k, group_size)["scales"])
+    np_, kp = padded_shape(n, k)
+    srow, sgrp = _scale_coords(n, k, group_size)
+    s_pad = np.zeros((np_, kp // group_size), fs.dtype)
+    s_pad[srow, sgrp] = fs
+    return np.ascontiguousarray(s_pad[:n, : k // group_size])
+
+
 def repack(qweight: np.ndarray, scales: np.ndarray, qzeros, group_size: int):
     """Canonical (qweight [N, K/8] int32, scales [N, K/G], qzeros [N/8, K/G] or None) ->
     frag planes (qweight int32 [RB, KT, 32, 4], scales [RB, KC, 8, GC, 2] in the scale
     dtype, qzeros uint8 [RB, KC, 8, GC] or None)."""
     n, k, g = _int4._check_canonical(qweight, scales, qzeros, group_size)
-    np_, kp = padded_shape(n, k)
-    q = np.zeros((np_, kp), np.uint32)
-    q[:n, :k] = _int4.unpack_k(qweight)
-    row, kk = fragment_coords(n, k)
-    nib = q[row, kk]                                        # [RB, KT, 32, 4, 8]
-    words = np.bitwise_or.reduce(nib << (np.arange(8, dtype=np.uint32) * 4), axis=-1)
-    fq = words.astype(np.uint32).view(np.int32)
-
-    groups_p = kp // g
-    s_pad = np.zeros((np_, groups_p), scales.dtype)
-    s_pad[:n, : k // g] = scales
-    srow, sgrp = _scale_coords(n, k, g)
-    fs = np.ascontiguousarray(s_pad[srow, sgrp])
-
+    fq = pack_nibbles(_int4.unpack_k(qweight))
+    fs = pack_scales(scales, k, g)
     fz = None
     if qzeros is not None:
-        z_pad = np.zeros((np_, groups_p), np.uint8)
+        np_, kp = padded_shape(n, k)
+        srow, sgrp = _scale_coords(n, k, g)
+        z_pad = np.zeros((np_, kp // g), np.uint8)
         z_pad[:n, : k // g] = _int4.unpack_zeros(qzeros)
         lo, hi = z_pad[srow[..., 0], sgrp[..., 0]], z_pad[srow[..., 1], sgrp[..., 1]]
         fz = np.ascontiguousarray((lo | (hi << 4)).astype(np.uint8))
@@ -130,22 +167,13 @@ def unpack(fq: np.ndarray, fs: np.ndarray, fz, n: int, k: int, group_size: int):
     g = _int4._check_group_size(group_size)
     _int4._check_n(n)
     _int4._check_k(k, g)
-    shapes = plane_shapes(n, k, g)
-    fq = np.asarray(fq).reshape(shapes["qweight"]).view(np.uint32)
-    fs = np.asarray(fs).reshape(shapes["scales"])
-    np_, kp = padded_shape(n, k)
-    nib = (fq[..., None] >> (np.arange(8, dtype=np.uint32) * 4)) & np.uint32(15)
-    row, kk = fragment_coords(n, k)
-    q = np.zeros((np_, kp), np.uint8)
-    q[row, kk] = nib
-    qweight = _int4.pack_k(q[:n, :k])
-    srow, sgrp = _scale_coords(n, k, g)
-    s_pad = np.zeros((np_, kp // g), fs.dtype)
-    s_pad[srow, sgrp] = fs
-    scales = np.ascontiguousarray(s_pad[:n, : k // g])
+    qweight = _int4.pack_k(unpack_nibbles(fq, n, k))
+    scales = unpack_scales(fs, n, k, g)
     qzeros = None
     if fz is not None:
-        fz = np.asarray(fz).reshape(shapes["qzeros"])
+        np_, kp = padded_shape(n, k)
+        srow, sgrp = _scale_coords(n, k, g)
+        fz = np.asarray(fz).reshape(plane_shapes(n, k, g)["qzeros"])
         z_pad = np.zeros((np_, kp // g), np.uint8)
         z_pad[srow[..., 0], sgrp[..., 0]] = fz & 15
         z_pad[srow[..., 1], sgrp[..., 1]] = fz >> 4
