@@ -112,7 +112,8 @@ def test_round_trip_and_padding(rng, n, k):
     np.testing.assert_array_equal(b2, blocks)
     np.testing.assert_array_equal(s2, scales)
     row, kk = FR.fragment_coords(n, k)
-    nib = (fb.view(np.uint32)[..., None] >> (np.arange(8, dtype=np.uint32) * 4)) & 15
+    words = MF.unplace_bits(fb).view(np.uint32)   # the codes back in the W4A16 nibble order
+    nib = (words[..., None] >> (np.arange(8, dtype=np.uint32) * 4)) & 15
     assert not nib[(row >= n) | (kk >= k)].any(), "a padded code is not 0"
     srow, sgrp = FR._scale_coords(n, k, 32)
     assert not fs.view(np.uint16)[(srow >= n) | (sgrp >= k // 32)].any(), "a padded scale is not 0"
