@@ -23,9 +23,11 @@ constexpr size_t kPlaneAlign = 256;
 
 size_t aligned(size_t v) { return (v + kPlaneAlign - 1) / kPlaneAlign * kPlaneAlign; }
 
-// A canonical weight is repacked into the front of the workspace on every call: correct, and
-// slow (the weight is read twice and its planes written once more per call); a caller that
-// repacks once with qg_mxfp4_repack (pyquant: MXFP4Weight.to_device) skips it.
+// A canonical weight is repacked into the front of the workspace on every call, which is
+// zeroed again after the kernel (the workspace contract: the library leaves it as it found
+// it): correct, and slow (the weight is read twice, its planes written and cleared once more
+// per call); a caller that repacks once with qg_mxfp4_repack (pyquant: MXFP4Weight.to_device)
+// skips it.
 struct Staging {
     size_t blocks_bytes = 0, scales_bytes = 0, bytes = 0;  // bytes = 0: the weight is frag already
 };
@@ -80,9 +82,9 @@ bool mxfp4_gpu_call(const qg_context* ctx, const Args& a, const char** why) {
     return true;
 }
 
-// The staging repack of a canonical weight, then the kernel.
+// The staging repack of a canonical weight, the kernel, the staging cleared.
 template <class Kernel>
-qg_status staged(const Args& a, qg_stream stream, Kernel run) {
+qg_status staged(const qg_context* ctx, const Args& a, qg_stream stream, Kernel run) {
     const Staging st = staging_of(a);
     if (st.bytes) {
         const qg_w4a16_gemm_args w = as_frag_call(a);
@@ -97,10 +99,12 @@ qg_status staged(const Args& a, qg_stream stream, Kernel run) {
         if (log_enabled())
             log_once("mxfp4 canonical weight on the GPU: repacked into the workspace on every call (%zu bytes); "
                      "qg_mxfp4_repack once instead", st.bytes);
-        const qg_status s = gpu_mxfp4_repack(nullptr, r, stream);
+        const qg_status s = gpu_mxfp4_repack(ctx, r, stream);
         if (s != QG_OK) return s;
     }
-    return run(as_frag_call(a));
+    const qg_status s = run(as_frag_call(a));
+    if (s != QG_OK || !st.bytes) return s;
+    return gpu_memset(ctx, a.workspace, 0, st.bytes, stream);
 }
 
 bool decode_usable(const qg_context* ctx, const Args& a, const char** why) {
@@ -110,7 +114,7 @@ size_t decode_workspace(const qg_context* ctx, const Args& a) {
     return staging_of(a).bytes + frag_launch::decode_workspace(ctx, as_frag_call(a), CODE_E2M1);
 }
 qg_status decode_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
-    return staged(a, stream, [&](const qg_w4a16_gemm_args& w) { return frag_launch::decode(ctx, w, CODE_E2M1, stream); });
+    return staged(ctx, a, stream, [&](const qg_w4a16_gemm_args& w) { return frag_launch::decode(ctx, w, CODE_E2M1, stream); });
 }
 
 bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
@@ -118,7 +122,7 @@ bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
 }
 size_t prefill_workspace(const qg_context*, const Args& a) { return staging_of(a).bytes; }
 qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
-    return staged(a, stream, [&](const qg_w4a16_gemm_args& w) { return frag_launch::prefill(ctx, w, CODE_E2M1, stream); });
+    return staged(ctx, a, stream, [&](const qg_w4a16_gemm_args& w) { return frag_launch::prefill(ctx, w, CODE_E2M1, stream); });
 }
 
 }  // namespace
