@@ -156,7 +156,7 @@ const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, in
 // rows (each warpgroup one wgmma m64 tile), all warps share the block's BN tokens. The
 // weights go global -> registers (each lane's 16-byte fragment per 64-k step, two chunks
 // ahead), dequantized there as wgmma's A operand; x tiles [BN tokens x 64 k] come by TMA
-// into a PF_STAGES ring in shared memory (128-byte swizzle) as the B operand.
+// into a ring of PrefillSmem<BN>::STAGES in shared memory (128-byte swizzle) as the B operand.
 struct PrefillParams {
     const uint32_t* qweight;  // frag plane [RB][KT][32][4 words]
     const uint32_t* scales;   // frag plane as words [RB][KC][8][GC]
@@ -173,12 +173,14 @@ struct PrefillParams {
 };
 constexpr int PF_THREADS = 256;
 constexpr int PF_ROWS = 128;          // weight rows per block
-constexpr int PF_STAGES = 8;          // x tiles in flight: PF_STAGES - 2 ahead of the k-step
+// x tiles in flight: STAGES - 2 ahead of the k-step; 8 for tiles of 64 and 128 tokens, 5 for
+// 256 (32 KB a tile: the ring stays under the 227 KB of shared memory)
 template <int BN>
 struct PrefillSmem {
+    static constexpr int STAGES = BN == 256 ? 5 : 8;
     static constexpr int B_BYTES = BN * 64 * 2;           // one x tile, 128-byte rows
-    static constexpr int BAR_OFF = PF_STAGES * B_BYTES;   // full[] then empty[] mbarriers
-    static constexpr int SMEM = 1024 + BAR_OFF + 2 * PF_STAGES * 8;  // + 1024: alignment slack
+    static constexpr int BAR_OFF = STAGES * B_BYTES;      // full[] then empty[] mbarriers
+    static constexpr int SMEM = 1024 + BAR_OFF + 2 * STAGES * 8;  // + 1024: alignment slack
 };
 
 #if defined(QG_HAVE_TENSOR_MAPS)
@@ -195,8 +197,10 @@ const void* prefill_kernel(int x_type, int bn, int group_size, bool asym, int co
     X(ELEM_BF16, 64, 32, true) X(ELEM_BF16, 64, 64, true) X(ELEM_BF16, 64, 128, true)                \
     X(ELEM_F16, 64, 32, false) X(ELEM_F16, 64, 64, false) X(ELEM_F16, 64, 128, false)                \
     X(ELEM_BF16, 64, 32, false) X(ELEM_BF16, 64, 64, false) X(ELEM_BF16, 64, 128, false)
-// MXFP4 (CODE_E2M1): G = 32, no zero-points
-#define QG_MXFP4_PREFILL_KERNELS(X) X(ELEM_F16, 128) X(ELEM_BF16, 128) X(ELEM_F16, 64) X(ELEM_BF16, 64)
+// MXFP4 (CODE_E2M1): G = 32, no zero-points; 256-token tiles for bf16 only (the scale folded
+// into A leaves the registers of the group sum free for the larger accumulator)
+#define QG_MXFP4_PREFILL_KERNELS(X) \
+    X(ELEM_F16, 128) X(ELEM_BF16, 128) X(ELEM_F16, 64) X(ELEM_BF16, 64) X(ELEM_BF16, 256)
 #endif
 
 // ---------------------------------------------------------------- repack (canonical -> frag)

@@ -9,7 +9,7 @@
 //   - each lane's 16-byte frag tile (its A registers for four k16 steps) comes straight
 //     from global memory into registers, two 128-k chunks ahead of its use, with the
 //     chunk's scale words and zero bytes;
-//   - thread 0 keeps PF_STAGES - 2 x tiles [BN x 64] in flight by TMA (128-byte swizzle,
+//   - thread 0 keeps STAGES - 2 x tiles [BN x 64] in flight by TMA (128-byte swizzle,
 //     zero fill past M and K), each completing a `full` mbarrier; every warp releases a
 //     tile through an `empty` mbarrier once the wgmmas reading it have completed;
 //   - the nibbles become A registers with the exponent-bias trick (q - z exact), and four
@@ -121,11 +121,12 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     typedef PrefillSmem<BN> Sm;
     constexpr int GC = 128 / G;
     constexpr bool FOLD = CODE == CODE_E2M1 && XT == ELEM_BF16;  // the scale in A (file comment)
-    constexpr int PD = PF_STAGES - 2;  // x tiles in flight ahead of the current step
+    constexpr int STAGES = Sm::STAGES;
+    constexpr int PD = STAGES - 2;  // x tiles in flight ahead of the current step
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + Sm::BAR_OFF);
-    uint64_t* empty = full + PF_STAGES;
+    uint64_t* empty = full + STAGES;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -136,7 +137,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
 
     if (tid == 0) {
         tma_prefetch_descriptor(&tmap_x);
-        for (int s = 0; s < PF_STAGES; ++s) {
+        for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], PF_THREADS / 32);
         }
@@ -145,8 +146,8 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     __syncthreads();
 
     auto issue = [&](int kt) {  // thread 0: x tile of step kt into its stage
-        const int s = kt % PF_STAGES;
-        if (kt >= PF_STAGES) mbar_wait(&empty[s], ((kt / PF_STAGES) - 1) & 1);
+        const int s = kt % STAGES;
+        if (kt >= STAGES) mbar_wait(&empty[s], ((kt / STAGES) - 1) & 1);
         mbar_arrive_expect_tx(&full[s], Sm::B_BYTES);
         tma_load_2d(smem + s * Sm::B_BYTES, &tmap_x, &full[s], kt * 64, tok0);
     };
@@ -197,8 +198,8 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
                 }
                 dequant_tile<XT>(a[h], cur.w[h], nz0, nz1);
             }
-            const int s = kt % PF_STAGES;
-            mbar_wait(&full[s], (kt / PF_STAGES) & 1);
+            const int s = kt % STAGES;
+            mbar_wait(&full[s], (kt / STAGES) & 1);
             const unsigned char* tile = smem + s * Sm::B_BYTES;
             wgmma_fence();
             if constexpr (FOLD) {
@@ -208,7 +209,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
                 wgmma_commit();
                 wgmma_fence_acc(acc);
                 wgmma_wait<1>();
-                if (lane == 0 && kt > 0) mbar_arrive(&empty[(kt - 1) % PF_STAGES]);
+                if (lane == 0 && kt > 0) mbar_arrive(&empty[(kt - 1) % STAGES]);
             } else if constexpr (G == 32) {
                 // two groups per step: each is two k16 wgmmas, waited for and scaled
 #pragma unroll
@@ -232,7 +233,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
                     add_scaled<BN>(acc, grp, cur.s[G == 64 ? h : 0], p.scale_type);
                     if (lane == 0) {
                         mbar_arrive(&empty[s]);
-                        if (G == 128) mbar_arrive(&empty[(kt - 1) % PF_STAGES]);
+                        if (G == 128) mbar_arrive(&empty[(kt - 1) % STAGES]);
                     }
                 }
             }

@@ -144,6 +144,25 @@ def test_mxfp4_gpu_one_hot(rng, gpu_ctx, assert_bitwise_equal):
             _each_tier(gpu_ctx, check)
 
 
+def test_mxfp4_gpu_wide_prefill_tile(rng, gpu_ctx, poisoned_output, assert_close, assert_bitwise_equal):
+    """bf16 prefill on a grid that holds two waves of 256-token tiles (N = 132 row tiles of
+    128, M = 520: three token tiles, the last ragged; src/gpu/w4a16_prefill_launch.cpp picks
+    the 256-token tile there): the reference within the bound, and one-hot rows bit for bit.
+    The tile choice is logged (QG_LOG=1), not asserted; on a GPU with fewer SMs the same
+    shapes run the 128-token tile and the test still holds."""
+    _need()
+    n, k, m = 128 * 132, 256, 520
+    w = random_mxfp4(rng, (n,), k, E_FINITE)
+    wd = w.to_device(gpu_ctx)
+    w_deq = w.dequantize()
+    x = random_x(rng, m, k, BF16)
+    y = _guarded_gemm(gpu_ctx, poisoned_output, pyquant.DeviceArray.from_numpy(x, gpu_ctx), wd, m, n, F32)
+    assert_close(y, reference.gemm(x, w_deq), mxfp4_bound(k, F32), f"mxfp4 wide prefill m={m} n={n} k={k}")
+    x1, want = one_hot_case(rng, w_deq, m - k)
+    y1 = pyquant.gemm(pyquant.DeviceArray.from_numpy(x1.astype(BF16), gpu_ctx), wd, out_dtype=np.float32)
+    assert_bitwise_equal(y1.to_numpy() + np.float32(0), want, f"one-hot mxfp4 wide prefill m={len(x1)}")
+
+
 def test_mxfp4_gpu_nan_scale(rng, gpu_ctx, poisoned_output):
     """A block with e = 255 (NaN in MX) makes its row of y NaN; the other rows stay finite."""
     _need()

@@ -57,11 +57,15 @@ qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, q
     const int64_t row_tiles = ceil_div(a.n, PF_ROWS);
     const bool small_m = a.m <= 64;
     const bool few_blocks = row_tiles * ceil_div(a.m, 128) < 2 * static_cast<int64_t>(ctx->sm_count);
-    const int bn = small_m || few_blocks ? 64 : 128;
+    // MXFP4 with bf16 x (the scale folded into A, no group sum) also has a 256-token tile: half
+    // the dequantization per FLOP, where the grid still holds two waves of it
+    const bool fold = code == CODE_E2M1 && a.x_dtype == QG_DTYPE_BF16;
+    const bool wide = fold && row_tiles * ceil_div(a.m, 256) >= 2 * static_cast<int64_t>(ctx->sm_count);
+    const int bn = small_m || few_blocks ? 64 : wide ? 256 : 128;
     const int x_type = elem_type(a.x_dtype);
     const bool asym = a.qzeros != nullptr;
     const void* kernel = prefill_kernel(x_type, bn, a.group_size, asym, code);
-    const int smem = bn == 128 ? PrefillSmem<128>::SMEM : PrefillSmem<64>::SMEM;
+    const int smem = bn == 256 ? PrefillSmem<256>::SMEM : bn == 128 ? PrefillSmem<128>::SMEM : PrefillSmem<64>::SMEM;
     if (kernel == nullptr) return set_error(QG_ERR_INTERNAL, "%s: no kernel for bn=%d", what, bn);
     qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, what);
     if (st != QG_OK) return st;
