@@ -170,8 +170,14 @@ struct PrefillParams {
     int scale_type;           // ELEM_F16 or ELEM_BF16
     int y_type;               // ELEM_F16, ELEM_BF16 or ELEM_F32
     BiasRef bias;             // [N]
+    int splits;               // split-K: grid.z blocks share a tile's K, chunk-aligned (1: none)
+    float* partial;           // splits > 1: [splits][M][N] fp32 sums, added by prefill_reduce
 };
 constexpr int PF_THREADS = 256;
+constexpr int PF_REDUCE_THREADS = 256;
+// y = the sum of the splits' partial sums in split order, + bias, rounded once (splits > 1);
+// the partial sums are zeroed as they are read
+__global__ void prefill_reduce(const PrefillParams p);
 constexpr int PF_ROWS = 128;          // weight rows per block
 // x tiles in flight: STAGES - 2 ahead of the k-step; 8 for tiles of 64 and 128 tokens, 5 for
 // 256 (32 KB a tile: the ring stays under the 227 KB of shared memory)

@@ -133,7 +133,10 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     const int tok0 = blockIdx.x * BN;
     const int rb = blockIdx.y * (PF_ROWS / 16) + warp;
     const bool rb_in = rb < p.row_blocks;
-    const int KT = p.k_tiles, KC = p.k_chunks;
+    // split-K: this block's chunks [kc0, kc0 + KC); steps, stages and parities count from kc0
+    const int kc0 = static_cast<int>(static_cast<int64_t>(blockIdx.z) * p.k_chunks / p.splits);
+    const int KC = static_cast<int>(static_cast<int64_t>(blockIdx.z + 1) * p.k_chunks / p.splits) - kc0;
+    const int KT = 2 * KC;
 
     if (tid == 0) {
         tma_prefetch_descriptor(&tmap_x);
@@ -149,14 +152,14 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
         const int s = kt % STAGES;
         if (kt >= STAGES) mbar_wait(&empty[s], ((kt / STAGES) - 1) & 1);
         mbar_arrive_expect_tx(&full[s], Sm::B_BYTES);
-        tma_load_2d(smem + s * Sm::B_BYTES, &tmap_x, &full[s], kt * 64, tok0);
+        tma_load_2d(smem + s * Sm::B_BYTES, &tmap_x, &full[s], (2 * kc0 + kt) * 64, tok0);
     };
     if (tid == 0)
         for (int kt = 0; kt < PD && kt < KT; ++kt) issue(kt);
 
     Chunk<GC> c0, c1;
-    load_chunk<GC, ASYM>(c0, p, rb, 0, lane, rb_in);
-    load_chunk<GC, ASYM>(c1, p, rb, 1, lane, rb_in && 1 < KC);
+    load_chunk<GC, ASYM>(c0, p, rb, kc0, lane, rb_in);
+    load_chunk<GC, ASYM>(c1, p, rb, kc0 + 1, lane, rb_in && 1 < KC);
 
     WgAcc<BN> acc, grp;
 #pragma unroll
@@ -166,7 +169,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     for (int kc = 0; kc < KC; ++kc) {
         const Chunk<GC> cur = c0;
         c0 = c1;
-        load_chunk<GC, ASYM>(c1, p, rb, kc + 2, lane, rb_in && kc + 2 < KC);
+        load_chunk<GC, ASYM>(c1, p, rb, kc0 + kc + 2, lane, rb_in && kc + 2 < KC);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int kt = 2 * kc + h;
@@ -244,6 +247,18 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
 
     // ---- epilogue: d[4j + i] = row 16 w + g + 8 (i >> 1), token 8 j + 2 t + (i & 1)
     const int n0 = rb * 16 + g;
+    if (p.splits > 1) {  // this split's sums, without the bias: prefill_reduce finishes
+        float* part = p.partial + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int tok = tok0 + 8 * j + 2 * t + (i & 1);
+                const int n = n0 + 8 * (i >> 1);
+                if (tok < p.m && n < p.n) part[static_cast<int64_t>(tok) * p.n + n] = acc.d[4 * j + i];
+            }
+        return;
+    }
     const float bias_n[2] = {n0 < p.n ? bias_at(p.bias, n0) : 0.0f, n0 + 8 < p.n ? bias_at(p.bias, n0 + 8) : 0.0f};
     // the bias first, in registers, so that the store loop stays what it is without one
 #pragma unroll
@@ -266,6 +281,23 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     (void)p;
     qg_device_trap();
 #endif
+}
+
+__global__ void __launch_bounds__(PF_REDUCE_THREADS) prefill_reduce(const PrefillParams p) {
+    const int64_t count = static_cast<int64_t>(p.m) * p.n;
+    const int64_t plane = count;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * PF_REDUCE_THREADS + threadIdx.x; i < count;
+         i += static_cast<int64_t>(gridDim.x) * PF_REDUCE_THREADS) {
+        float v = p.partial[i];
+        p.partial[i] = 0.f;  // the workspace is left zeroed, as the library found it
+        for (int z = 1; z < p.splits; ++z) {
+            v += p.partial[z * plane + i];
+            p.partial[z * plane + i] = 0.f;
+        }
+        const int64_t tok = i / p.n;
+        const int n = static_cast<int>(i - tok * p.n);
+        store_out(p.y, tok * p.ldy + n, v + bias_at(p.bias, n), p.y_type);
+    }
 }
 
 const void* prefill_kernel(int x_type, int bn, int group_size, bool asym, int code) {

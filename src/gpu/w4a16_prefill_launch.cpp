@@ -2,6 +2,8 @@
 // launch. NVIDIA sm_90a only (wgmma, TMA); on other builds and devices it is not usable.
 #include <stdint.h>
 
+#include <algorithm>
+
 #include "formats/w4a16_frag.h"
 #include "frag_launch.h"
 #include "launch_util.h"
@@ -27,6 +29,9 @@ bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
     return frag_launch::prefill_usable(ctx, a, why);
 }
 
+size_t prefill_workspace(const qg_context* ctx, const Args& a) {
+    return frag_launch::prefill_workspace(ctx, a, CODE_INT4);
+}
 qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
     return frag_launch::prefill(ctx, a, CODE_INT4, stream);
 }
@@ -48,20 +53,54 @@ bool frag_launch::prefill_usable(const qg_context* ctx, const Args& a, const cha
     return true;
 }
 
+namespace {
+
+// Tile width, grid and split-K of one prefill call (measured: bench/NOTES.md, "W4A16
+// prefill" and "MXFP4 dense on the GPU"):
+//   - 64-token tiles up to M = 64 (a wider one would be mostly empty); 256 for MXFP4 with
+//     bf16 x from M = 256 (the scale folded into A leaves the group-sum registers free for
+//     the larger accumulator: half the dequantization per FLOP); else 128;
+//   - split-K where the grid is under two waves (narrow N with long K: 42 row tiles on
+//     5376 x 21504): the splits bring it to about two waves, each at least 4 chunks (512 of
+//     K) long; the partial sums go to the workspace and prefill_reduce adds them in split
+//     order (deterministic), then the bias.
+struct PrefillPlan {
+    int bn = 128, splits = 1;
+    int64_t row_tiles = 0, token_tiles = 0;
+};
+
+PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code) {
+    PrefillPlan pl;
+    const frag::Geometry geo(a.n, a.k, a.group_size);
+    const bool fold = code == CODE_E2M1 && a.x_dtype == QG_DTYPE_BF16;
+    pl.bn = a.m <= 64 ? 64 : fold && a.m >= 256 ? 256 : 128;
+    pl.row_tiles = ceil_div(a.n, PF_ROWS);
+    pl.token_tiles = ceil_div(a.m, pl.bn);
+    const int64_t blocks = pl.row_tiles * pl.token_tiles;
+    const int64_t two_waves = 2 * static_cast<int64_t>(std::max(ctx->sm_count, 1));
+    constexpr int64_t kMinChunks = 4, kMaxSplits = 16;
+    if (blocks < two_waves && geo.k_chunks >= 2 * kMinChunks)
+        pl.splits = static_cast<int>(std::min({ceil_div(two_waves, blocks), geo.k_chunks / kMinChunks, kMaxSplits}));
+    if (ctx->split_k > 0) pl.splits = static_cast<int>(std::min<int64_t>(ctx->split_k, geo.k_chunks));  // tests
+    return pl;
+}
+
+size_t partial_bytes(const PrefillPlan& pl, const Args& a) {
+    return pl.splits > 1 ? static_cast<size_t>(pl.splits) * static_cast<size_t>(a.m) * static_cast<size_t>(a.n) * 4 : 0;
+}
+
+}  // namespace
+
+size_t frag_launch::prefill_workspace(const qg_context* ctx, const Args& a, int code) {
+    return partial_bytes(prefill_plan(ctx, a, code), a);
+}
+
 qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, qg_stream stream) {
 #if defined(QG_HAVE_TENSOR_MAPS)
     const char* what = code == CODE_E2M1 ? "mxfp4 prefill_wgmma" : "w4a16 prefill_wgmma";
     const frag::Geometry geo(a.n, a.k, a.group_size);
-    // 64-token tiles when 128 would leave most of one empty (m <= 64) or the grid short of
-    // two waves (measured: bench/NOTES.md, "W4A16 prefill")
-    const int64_t row_tiles = ceil_div(a.n, PF_ROWS);
-    const bool small_m = a.m <= 64;
-    const bool few_blocks = row_tiles * ceil_div(a.m, 128) < 2 * static_cast<int64_t>(ctx->sm_count);
-    // MXFP4 with bf16 x (the scale folded into A, no group sum) also has a 256-token tile: half
-    // the dequantization per FLOP, where the grid still holds two waves of it
-    const bool fold = code == CODE_E2M1 && a.x_dtype == QG_DTYPE_BF16;
-    const bool wide = fold && row_tiles * ceil_div(a.m, 256) >= 2 * static_cast<int64_t>(ctx->sm_count);
-    const int bn = small_m || few_blocks ? 64 : wide ? 256 : 128;
+    const PrefillPlan pl = prefill_plan(ctx, a, code);
+    const int bn = pl.bn;
     const int x_type = elem_type(a.x_dtype);
     const bool asym = a.qzeros != nullptr;
     const void* kernel = prefill_kernel(x_type, bn, a.group_size, asym, code);
@@ -86,20 +125,27 @@ qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, q
     p.scale_type = elem_type(a.scale_dtype);
     p.y_type = elem_type(a.y_dtype);
     p.bias = launch_util::bias_of(a);
-    const dim3 grid(static_cast<unsigned>(ceil_div(a.m, bn)), static_cast<unsigned>(row_tiles));
+    p.splits = pl.splits;
+    p.partial = pl.splits > 1 ? static_cast<float*>(a.workspace) : nullptr;
+    const dim3 grid(static_cast<unsigned>(pl.token_tiles), static_cast<unsigned>(pl.row_tiles),
+                    static_cast<unsigned>(pl.splits));
     if (log_enabled())
-        log_once("%s m=%lld n=%lld k=%lld g=%d %s: tile 128 rows x %d tokens, grid %u x %u, smem %d", what,
-                 static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k), a.group_size,
-                 code == CODE_E2M1 ? "e2m1" : asym ? "asym" : "sym", bn, grid.x, grid.y, smem);
-    return launch_util::launch_with_map(kernel, grid, PF_THREADS, smem, static_cast<hipStream_t>(stream), map, p,
-                                        what);
+        log_once("%s m=%lld n=%lld k=%lld g=%d %s: tile 128 rows x %d tokens, grid %u x %u x %u (split-K), smem %d",
+                 what, static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k),
+                 a.group_size, code == CODE_E2M1 ? "e2m1" : asym ? "asym" : "sym", bn, grid.x, grid.y, grid.z, smem);
+    st = launch_util::launch_with_map(kernel, grid, PF_THREADS, smem, static_cast<hipStream_t>(stream), map, p, what);
+    if (st != QG_OK || pl.splits == 1) return st;
+    const int64_t reduce_blocks =
+        std::min<int64_t>(ceil_div(a.m * a.n, PF_REDUCE_THREADS), 8 * static_cast<int64_t>(std::max(ctx->sm_count, 1)));
+    prefill_reduce<<<static_cast<unsigned>(reduce_blocks), PF_REDUCE_THREADS, 0, static_cast<hipStream_t>(stream)>>>(p);
+    return gpu_check_launch(code == CODE_E2M1 ? "mxfp4 prefill_reduce" : "w4a16 prefill_reduce");
 #else
     (void)ctx, (void)a, (void)code, (void)stream;
     return set_error(QG_ERR_INTERNAL, "unreachable: prefill_wgmma without tensor maps");
 #endif
 }
 
-const Tier<Args> gpu_w4a16_prefill_tier = {QG_GPU_RUNTIME_NAME ":prefill_wgmma", 3, prefill_usable, nullptr,
-                                           prefill_launch};
+const Tier<Args> gpu_w4a16_prefill_tier = {QG_GPU_RUNTIME_NAME ":prefill_wgmma", 3, prefill_usable,
+                                           prefill_workspace, prefill_launch};
 
 }  // namespace qg
