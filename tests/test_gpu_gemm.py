@@ -129,14 +129,15 @@ def test_w4a16_gpu(rng, gpu_ctx, x_dt, group_size, symmetric, n, layout, poisone
 def test_w4a16_gpu_forced_split_k(rng, gpu_ctx, split_k, layout, poisoned_output, assert_close):
     """split_k only changes the order of fp32 sums (same bound); the workspace counters
     re-arm, so back-to-back calls on one workspace stay right. N = 264 is two row tiles of
-    the frag decode (one partial) and five row blocks of the canonical one."""
+    the frag decode (one partial) and five row blocks of the canonical one; M = 40 and 300
+    run the frag layout's prefill, whose split partial sums prefill_reduce adds and zeroes."""
     _need("w4a16")
     n, k, g = 264, 2048, 128
     w = random_int4(rng, n, k, g, False, BF16)
     wd, w_deq = w.to_device(gpu_ctx, layout=layout), w.dequantize()
     gpu_ctx.set_option("split_k", split_k)
     try:
-        for m in (1, 7, 16):
+        for m in (1, 7, 16, 40, 300):
             x = random_x(rng, m, k, BF16)
             xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
             for repeat in range(2):
