@@ -55,15 +55,17 @@ bool frag_launch::prefill_usable(const qg_context* ctx, const Args& a, const cha
 
 namespace {
 
-// Tile width, grid and split-K of one prefill call (measured: bench/NOTES.md, "W4A16
-// prefill" and "MXFP4 dense on the GPU"):
-//   - 64-token tiles up to M = 64 (a wider one would be mostly empty); 256 for MXFP4 with
-//     bf16 x from M = 256 (the scale folded into A leaves the group-sum registers free for
-//     the larger accumulator: half the dequantization per FLOP); else 128;
-//   - split-K where the grid is under two waves (narrow N with long K: 42 row tiles on
-//     5376 x 21504): the splits bring it to about two waves, each at least 4 chunks (512 of
-//     K) long; the partial sums go to the workspace and prefill_reduce adds them in split
-//     order (deterministic), then the bias.
+// Tile width, grid and split-K of one prefill call (measured on the H200: bench/NOTES.md,
+// "W4A16 prefill", "MXFP4 dense on the GPU" and "Prefill split-K"):
+//   - 64-token tiles when 128 would leave most of one empty (m <= 64) or the grid short of
+//     two waves; 256 for MXFP4 with bf16 x where the grid holds two waves of it (the scale
+//     folded into A leaves the group-sum registers free for the larger accumulator: half
+//     the dequantization per FLOP); else 128;
+//   - split-K where the grid is under half a wave (narrow N with long K at small M: 32 or 42
+//     row tiles at M = 64 on 4096 x 14336 and 5376 x 21504): the splits bring it to about two
+//     waves, each at least 4 chunks (512 of K) long; the partial sums go to the workspace and
+//     prefill_reduce adds them in split order (deterministic), then the bias. Grids of half
+//     a wave and more ran slower split (112 row tiles at M = 64, 128 x 3 at M = 512).
 struct PrefillPlan {
     int bn = 128, splits = 1;
     int64_t row_tiles = 0, token_tiles = 0;
@@ -72,15 +74,18 @@ struct PrefillPlan {
 PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code) {
     PrefillPlan pl;
     const frag::Geometry geo(a.n, a.k, a.group_size);
-    const bool fold = code == CODE_E2M1 && a.x_dtype == QG_DTYPE_BF16;
-    pl.bn = a.m <= 64 ? 64 : fold && a.m >= 256 ? 256 : 128;
+    const int64_t sms = std::max(ctx->sm_count, 1);
     pl.row_tiles = ceil_div(a.n, PF_ROWS);
+    const bool small_m = a.m <= 64;
+    const bool few_blocks = pl.row_tiles * ceil_div(a.m, 128) < 2 * sms;
+    const bool fold = code == CODE_E2M1 && a.x_dtype == QG_DTYPE_BF16;
+    const bool wide = fold && pl.row_tiles * ceil_div(a.m, 256) >= 2 * sms;
+    pl.bn = small_m || few_blocks ? 64 : wide ? 256 : 128;
     pl.token_tiles = ceil_div(a.m, pl.bn);
     const int64_t blocks = pl.row_tiles * pl.token_tiles;
-    const int64_t two_waves = 2 * static_cast<int64_t>(std::max(ctx->sm_count, 1));
     constexpr int64_t kMinChunks = 4, kMaxSplits = 16;
-    if (blocks < two_waves && geo.k_chunks >= 2 * kMinChunks)
-        pl.splits = static_cast<int>(std::min({ceil_div(two_waves, blocks), geo.k_chunks / kMinChunks, kMaxSplits}));
+    if (2 * blocks < sms && geo.k_chunks >= 2 * kMinChunks)
+        pl.splits = static_cast<int>(std::min({ceil_div(2 * sms, blocks), geo.k_chunks / kMinChunks, kMaxSplits}));
     if (ctx->split_k > 0) pl.splits = static_cast<int>(std::min<int64_t>(ctx->split_k, geo.k_chunks));  // tests
     return pl;
 }
