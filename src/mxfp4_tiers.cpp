@@ -46,8 +46,7 @@ const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp
         return &kGemmCpu;
     }
 #if defined(QG_HAVE_GPU)
-    constexpr int64_t kDecodeRows = 16;
-    const bool many_rows = a.m > kDecodeRows;
+    const bool many_rows = a.m > kFragDecodeRows;
     const bool starved = frag_prefill_starved(ctx, a.m, a.n, a.k);
     if (many_rows && !starved && usable(gpu_mxfp4_prefill_tier, ctx, a)) {
         *reason = "m > 16: prefill on wgmma";

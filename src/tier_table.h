@@ -67,9 +67,13 @@ extern const Tier<qg_gguf_gemm_args> gpu_gguf_int8_tier;          // int8 x, mma
 extern const Tier<qg_gguf_gemm_args> gpu_gguf_prefill_tier;       // bf16 tiles, wgmma (sm_90a)
 extern const Tier<qg_mxfp4_gemm_args> gpu_mxfp4_decode_frag_tier; // mma.sync, frag layout
 extern const Tier<qg_mxfp4_gemm_args> gpu_mxfp4_prefill_tier;      // wgmma (sm_90a), frag layout
+// The frag decode kernel holds at most this many rows of x per launch (two n8 tiles of
+// mma.sync); above it a decode tier loops over 16-row launches, re-reading the weights each
+// time. The W4A16 and MXFP4 policies send larger M to the prefill tier.
+constexpr int64_t kFragDecodeRows = 16;
 // The frag prefill kernel's grid under one wave with a long K is latency-bound (one 128-row
-// tile per SM streams all of K; no split-K yet): there the decode tier per 16 rows is faster
-// (src/gpu/w4a16_prefill_launch.cpp; measured on the H200: bench/NOTES.md, "W4A16 prefill").
+// tile per SM streams all of K): there the decode tier per 16 rows was measured faster, before
+// the prefill had split-K (src/gpu/w4a16_prefill_launch.cpp; bench/NOTES.md, "W4A16 prefill").
 bool frag_prefill_starved(const qg_context* ctx, int64_t m, int64_t n, int64_t k);
 #endif
 

@@ -31,10 +31,6 @@ const Tier<qg_w4a16_gemm_args>* const kTiers[] = {
 #endif
 };
 
-// Decode launches hold at most this many rows of x (two n8 tiles of mma.sync); above it a
-// decode tier loops over 16-row launches, re-reading the weights each time.
-constexpr int64_t kDecodeRows = 16;
-
 const Tier<qg_w4a16_gemm_args>* choose(const qg_context* ctx, const qg_w4a16_gemm_args& a, const char** reason) {
     if (!on_gpu(ctx)) {
         *reason = "CPU context";
@@ -44,7 +40,7 @@ const Tier<qg_w4a16_gemm_args>* choose(const qg_context* ctx, const qg_w4a16_gem
     // prefill: weights read once per 128-token tile on the matrix units; decode re-reads
     // them per 16 rows, so above 16 rows the prefill tier wins wherever it runs (measured
     // crossover: bench/NOTES.md, "W4A16 prefill")
-    const bool many_rows = a.m > kDecodeRows;
+    const bool many_rows = a.m > kFragDecodeRows;
     // A prefill grid under one wave with a long K is latency-bound: measured on the H200
     // (bench/NOTES.md, "W4A16 prefill"), 5376x21504 M=32: prefill 145 us, two 16-row decode
     // launches 83 us; 4096x14336 M=32: 98 vs 64 us; from M = 64 the prefill wins again (145
