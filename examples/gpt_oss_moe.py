@@ -81,7 +81,8 @@ def main(argv=None) -> int:
     if on_gpu:  # weights, biases and activations in device memory
         ctx = pyquant.gpu_context()
         dev = lambda a: None if a is None else pyquant.DeviceArray.from_numpy(np.ascontiguousarray(a), ctx)  # noqa: E731
-        y = pyquant.moe(dev(x), dev(ids), dev(weights), w13.to_device(ctx), w2.to_device(ctx),
+        d13, d2 = pyquant.moe_repack(w13, w2, "interleaved", ctx=ctx)  # the MoE frag layout, once
+        y = pyquant.moe(dev(x), dev(ids), dev(weights), d13, d2,
                         **{**kw, "w13_bias": dev(kw["w13_bias"]), "w2_bias": dev(kw["w2_bias"])}).to_numpy()
         where = ctx.backend
     else:

@@ -220,6 +220,8 @@ struct RepackParams {
     uint8_t* out_qzeros;      // nullptr when qzeros is
     int64_t n, k;
     int group_size;
+    int64_t src_row_step;     // output row n reads canonical row n * src_row_step (MXFP4 experts'
+                              // interleaved gate / up rows: 2); 0 or 1: dense (W4A16: always)
 };
 constexpr int REPACK_THREADS = 256;
 __global__ void repack_frag_weights(const RepackParams p);   // one thread per output word

@@ -13,6 +13,11 @@ namespace w4a16 {
 
 // Output word (rb, kt, lane, s): 8 nibbles from rows g and g+8 of the row block, k 16s + 2t
 // (+1) and + 8 (+9) of the tile: two canonical words per row (k/8 = 8kt + 2s and + 1).
+// Canonical row of output row n (RepackParams::src_row_step).
+__device__ __forceinline__ int64_t source_row(const RepackParams& p, int64_t n) {
+    return p.src_row_step > 1 ? n * p.src_row_step : n;
+}
+
 __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const RepackParams p) {
     const frag::Geometry geo(p.n, p.k, p.group_size);
     const int64_t i = static_cast<int64_t>(blockIdx.x) * REPACK_THREADS + threadIdx.x;
@@ -27,7 +32,7 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const Repa
         const int64_t n = rb * frag::kRowBlock + frag::nibble_row(lane, j);
         const int64_t k = kt * frag::kKTile + frag::nibble_k(lane, s, j);
         if (n < p.n && k < p.k) {
-            const uint32_t w = p.qweight[n * (p.k / 8) + k / 8];
+            const uint32_t w = p.qweight[source_row(p, n) * (p.k / 8) + k / 8];
             word |= ((w >> (4 * (k % 8))) & 15u) << (4 * j);
         }
     }
@@ -50,7 +55,8 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_scales(const Repac
     for (int h = 0; h < 2; ++h) {
         const int64_t n = rb * frag::kRowBlock + g + 8 * h;
         const bool real = n < p.n && grp < geo.groups;
-        p.out_scales[2 * i + h] = !real ? 0 : p.e8m0 ? frag::e8m0_bf16(p.e8m0[n * geo.groups + grp]) : p.scales[n * geo.groups + grp];
+        const int64_t src = source_row(p, n) * geo.groups + grp;
+        p.out_scales[2 * i + h] = !real ? 0 : p.e8m0 ? frag::e8m0_bf16(p.e8m0[src]) : p.scales[src];
         if (p.qzeros != nullptr && real) zb |= ((p.qzeros[(n / 8) * geo.groups + grp] >> (4 * (n % 8))) & 15u) << (4 * h);
     }
     if (p.out_qzeros != nullptr) p.out_qzeros[i] = static_cast<uint8_t>(zb);

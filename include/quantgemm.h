@@ -60,8 +60,9 @@ extern "C" {
 #define QG_VERSION_MINOR 1
 #define QG_VERSION_PATCH 0
 /* Bumped whenever a packed weight layout accepted or produced by the library changes
- * (2: the W4A16 frag layout of qg_w4a16_repack; 3: the MXFP4 frag layout of qg_mxfp4_repack). */
-#define QG_FORMAT_VERSION 3
+ * (2: the W4A16 frag layout of qg_w4a16_repack; 3: the MXFP4 frag layout of qg_mxfp4_repack;
+ * 4: the MoE frag layout of qg_moe_repack). */
+#define QG_FORMAT_VERSION 4
 
 /* ------------------------------------------------------------------ status */
 
@@ -421,6 +422,8 @@ typedef struct qg_moe_stage1_args {
     float swiglu_alpha;          /* 1.702 for GPT-OSS (QG_ACT_SWIGLU_OAI only) */
     float swiglu_limit;          /* 7.0 for GPT-OSS (QG_ACT_SWIGLU_OAI only) */
     void* act;                   /* [T*top_k, I] out, row = pair index, dense rows */
+    /* format 4: */
+    qg_mxfp4_layout layout;      /* of w13: canonical (CPU) or the MoE frag layout of qg_moe_repack (GPU) */
 } qg_moe_stage1_args;
 
 QG_API qg_status qg_moe_stage1(qg_context* ctx, const qg_moe_stage1_args* args, qg_stream stream);
@@ -446,9 +449,40 @@ typedef struct qg_moe_stage2_args {
     qg_dtype y_dtype;            /* F32, F16 or BF16 */
     void* y;                     /* [T, H] out, row stride ldy elements */
     int64_t ldy;
+    /* format 4: */
+    qg_mxfp4_layout layout;      /* of w2: canonical (CPU) or the MoE frag layout of qg_moe_repack (GPU) */
+    void* workspace;             /* qg_moe_stage2_workspace_size bytes (the GPU tier: [T*top_k, H] fp32), or NULL */
+    size_t workspace_bytes;
 } qg_moe_stage2_args;
 
+QG_API qg_status qg_moe_stage2_workspace_size(qg_context* ctx, const qg_moe_stage2_args* args, size_t* bytes);
 QG_API qg_status qg_moe_stage2(qg_context* ctx, const qg_moe_stage2_args* args, qg_stream stream);
+
+/*
+ * The MoE frag layout (format 4; the GPU MoE tiers read it, the CPU tier reads canonical
+ * weights): each expert's rows split into `parts` matrices of n / parts rows (w13: parts = 2,
+ * gate then up, taken from the canonical rows as gate_up_layout says; w2: parts = 1), each
+ * written as qg_mxfp4_repack writes a dense weight, all stacked in expert-major order: part h
+ * of expert e starts at (e * parts + h) times the blocks_bytes / scales_bytes of one part
+ * (docs/w4a16-layout.md, "MXFP4 experts"). Stage 1 still reads w13_bias in the canonical row
+ * order of gate_up_layout.
+ */
+typedef struct qg_moe_repack_args {
+    size_t size;                        /* sizeof(qg_moe_repack_args) */
+    qg_mxfp4_layout layout;             /* target: QG_MXFP4_LAYOUT_FRAG */
+    int32_t num_experts;                /* E */
+    int32_t parts;                      /* 2 for w13 (gate, up), 1 for w2 */
+    qg_gate_up_layout gate_up_layout;   /* parts = 2: where gate and up rows sit in blocks */
+    int64_t n, k;                       /* rows per expert (2I or H), K (multiple of 32) */
+    const uint8_t* blocks;              /* canonical [E, n, K/32, 16] */
+    const uint8_t* scales;              /* canonical [E, n, K/32] */
+    void* out_blocks;                   /* blocks_bytes (qg_moe_repack_size) */
+    void* out_scales;                   /* scales_bytes */
+} qg_moe_repack_args;
+
+/* Bytes of each output plane for args' layout, experts, parts, n, k (pointers are not read). */
+QG_API qg_status qg_moe_repack_size(const qg_moe_repack_args* args, size_t* blocks_bytes, size_t* scales_bytes);
+QG_API qg_status qg_moe_repack(qg_context* ctx, const qg_moe_repack_args* args, qg_stream stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -27,7 +27,7 @@ from .device import (  # noqa: E402
     gpu_context,
 )
 from .weights import GGUFWeight, Int4Weight, MXFP4Weight  # noqa: E402
-from .api import GemmPlan, build_info, from_gguf, from_mxfp4, gemm, gemm_plan, moe, quantize  # noqa: E402
+from .api import GemmPlan, build_info, from_gguf, from_mxfp4, gemm, gemm_plan, moe, moe_repack, quantize  # noqa: E402
 from .loaders import load_gguf, load_safetensors  # noqa: E402
 from . import formats  # noqa: E402
 from . import tiers  # noqa: E402  (pyquant.tiers.tiers(): the tier names of this build)
@@ -51,6 +51,6 @@ __all__ = [
     "Context", "DeviceArray", "DeviceView", "Event", "Stream",
     "cpu_context", "default_context", "device_count", "gpu_available", "gpu_context",
     "Int4Weight", "GGUFWeight", "MXFP4Weight",
-    "formats", "build_info", "quantize", "from_gguf", "from_mxfp4", "gemm", "gemm_plan", "GemmPlan", "moe",
+    "formats", "build_info", "quantize", "from_gguf", "from_mxfp4", "gemm", "gemm_plan", "GemmPlan", "moe", "moe_repack",
     "load_gguf", "load_safetensors", "tiers",
 ]

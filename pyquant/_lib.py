@@ -26,7 +26,7 @@ from pathlib import Path
 from . import __version__ as _package_version
 
 # QG_FORMAT_VERSION this package's packers and readers expect.
-EXPECTED_FORMAT_VERSION = 3
+EXPECTED_FORMAT_VERSION = 4
 
 if sys.platform == "win32":
     _LIB_NAME = "quantgemm.dll"
@@ -186,8 +186,8 @@ QG_VERSION_MAJOR = 0
 QG_VERSION_MINOR = 1
 # #define QG_VERSION_PATCH 0
 QG_VERSION_PATCH = 0
-# #define QG_FORMAT_VERSION 3
-QG_FORMAT_VERSION = 3
+# #define QG_FORMAT_VERSION 4
+QG_FORMAT_VERSION = 4
 
 # ---------------------------------------------------------------- status
 
@@ -599,7 +599,7 @@ qg_moe_align = _fn("qg_moe_align",
 #     const int32_t* sorted_ids; const int32_t* tile_experts; const int32_t* num_sorted;
 #     const uint8_t* w13_blocks; const uint8_t* w13_scales; const void* w13_bias;
 #     qg_dtype bias_dtype; qg_activation activation; qg_gate_up_layout gate_up_layout;
-#     float swiglu_alpha; float swiglu_limit; void* act;
+#     float swiglu_alpha; float swiglu_limit; void* act; qg_mxfp4_layout layout;
 # } qg_moe_stage1_args;
 class qg_moe_stage1_args(_Args):
     _fields_ = [
@@ -625,6 +625,7 @@ class qg_moe_stage1_args(_Args):
         ("swiglu_alpha", ctypes.c_float),
         ("swiglu_limit", ctypes.c_float),
         ("act", ctypes.c_void_p),
+        ("layout", qg_mxfp4_layout),
     ]
 
 
@@ -638,7 +639,8 @@ qg_moe_stage1 = _fn("qg_moe_stage1",
 #     int64_t hidden; int64_t intermediate; qg_dtype act_dtype; const void* act;
 #     const int32_t* sorted_ids; const int32_t* tile_experts; const int32_t* num_sorted;
 #     const uint8_t* w2_blocks; const uint8_t* w2_scales; const void* w2_bias; qg_dtype bias_dtype;
-#     const float* topk_weights; qg_dtype y_dtype; void* y; int64_t ldy;
+#     const float* topk_weights; qg_dtype y_dtype; void* y; int64_t ldy; qg_mxfp4_layout layout;
+#     void* workspace; size_t workspace_bytes;
 # } qg_moe_stage2_args;
 class qg_moe_stage2_args(_Args):
     _fields_ = [
@@ -662,12 +664,50 @@ class qg_moe_stage2_args(_Args):
         ("y_dtype", qg_dtype),
         ("y", ctypes.c_void_p),
         ("ldy", ctypes.c_int64),
+        ("layout", qg_mxfp4_layout),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
     ]
 
 
+# QG_API qg_status qg_moe_stage2_workspace_size(qg_context* ctx, const qg_moe_stage2_args* args, size_t* bytes);
+qg_moe_stage2_workspace_size = _fn(
+    "qg_moe_stage2_workspace_size",
+    [qg_context_p, ctypes.POINTER(qg_moe_stage2_args), ctypes.POINTER(ctypes.c_size_t)], qg_status)
 # QG_API qg_status qg_moe_stage2(qg_context* ctx, const qg_moe_stage2_args* args, qg_stream stream);
 qg_moe_stage2 = _fn("qg_moe_stage2",
                     [qg_context_p, ctypes.POINTER(qg_moe_stage2_args), qg_stream], qg_status)
+
+
+# typedef struct qg_moe_repack_args {
+#     size_t size; qg_mxfp4_layout layout; int32_t num_experts; int32_t parts;
+#     qg_gate_up_layout gate_up_layout; int64_t n, k; const uint8_t* blocks; const uint8_t* scales;
+#     void* out_blocks; void* out_scales;
+# } qg_moe_repack_args;
+class qg_moe_repack_args(_Args):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("layout", qg_mxfp4_layout),
+        ("num_experts", ctypes.c_int32),
+        ("parts", ctypes.c_int32),
+        ("gate_up_layout", qg_gate_up_layout),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("blocks", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("out_blocks", ctypes.c_void_p),
+        ("out_scales", ctypes.c_void_p),
+    ]
+
+
+# QG_API qg_status qg_moe_repack_size(const qg_moe_repack_args* args, size_t* blocks_bytes, size_t* scales_bytes);
+qg_moe_repack_size = _fn(
+    "qg_moe_repack_size",
+    [ctypes.POINTER(qg_moe_repack_args), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
+    qg_status)
+# QG_API qg_status qg_moe_repack(qg_context* ctx, const qg_moe_repack_args* args, qg_stream stream);
+qg_moe_repack = _fn("qg_moe_repack",
+                    [qg_context_p, ctypes.POINTER(qg_moe_repack_args), qg_stream], qg_status)
 
 
 # ---------------------------------------------------------------- import-time checks

@@ -34,7 +34,7 @@ from . import formats as _formats
 from . import progress as _progress
 from .formats import mxfp4 as _mxfp4
 from ._lib import Activation, DType, GateUpLayout, QuantGemmError
-from .device import (Context, DeviceArray, DeviceView, _err, as_dtype, cpu_context, dtype_name,
+from .device import (Context, DeviceArray, DeviceView, _err, as_dtype, cpu_context, default_context, dtype_name,
                      gpu_context, qg_dtype_of, stream_handle)
 from .weights import GGUFWeight, Int4Weight, MXFP4Weight, SCALE_QG_DTYPE, _format_spec, _require_contiguous
 
@@ -572,6 +572,22 @@ def _bias_operand(b, name: str, stream):
     return _operand(_require_contiguous(_foreign(b, name, stream), name), name, stream=stream)
 
 
+def moe_repack(w13: MXFP4Weight, w2: MXFP4Weight, gate_up_layout: str = "interleaved",
+               ctx: Context | None = None, stream=None) -> tuple[MXFP4Weight, MXFP4Weight]:
+    """Canonical experts w13 [E, 2I, H/32, 16] and w2 [E, H, I/32, 16] in the MoE frag layout
+    that the GPU MoE tiers read (qg_moe_repack), in ctx (default_context()): copied there
+    first if they are elsewhere, repacked once. w13's gate and up rows are taken apart as
+    gate_up_layout says; pass the same value to moe(). Biases travel with the weights."""
+    if gate_up_layout not in _LAYOUTS:
+        raise _err(f"gate_up_layout={gate_up_layout!r} is not one of {sorted(_LAYOUTS)}")
+    for w, name in ((w13, "w13"), (w2, "w2")):
+        if not isinstance(w, MXFP4Weight) or len(w.shape) != 3 or w.layout != "canonical":
+            raise _err(f"{name} must be canonical MXFP4Weight experts [E, N, K/32, 16], got "
+                       f"{type(w).__name__} {getattr(w, 'layout', '')} {getattr(w, 'shape', '')}")
+    c = ctx if ctx is not None else default_context()
+    return w13.moe_repack(2, gate_up_layout, c, stream), w2.moe_repack(1, None, c, stream)
+
+
 def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
         activation: str = "swiglu_oai", gate_up_layout: str = "interleaved",
         w13_bias=None, w2_bias=None, tile_m: int | None = None, ctx: Context | None = None,
@@ -584,7 +600,8 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
     topk_weights [..., top_k] float32 with T rows; w13 experts [E, 2I, H/32, 16]; w2
     experts [E, H, I/32, 16]; biases [E, 2I] / [E, H] (default: the weights' own .bias).
     Operands may be numpy, DeviceArrays, or __dlpack__ / __cuda_array_interface__ objects
-    (gemm's rules). Returns y [..., H] in the dtype of x (or out_dtype)."""
+    (gemm's rules). The CPU tier reads canonical experts, the GPU tiers the MoE frag layout
+    (moe_repack). Returns y [..., H] in the dtype of x (or out_dtype)."""
     for w, name in ((w13, "w13"), (w2, "w2")):
         if not isinstance(w, MXFP4Weight) or len(w.shape) != 3:
             raise _err(f"{name} must be an MXFP4Weight of stacked experts [E, N, K/32, 16], got "
@@ -593,6 +610,15 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
         raise _err(f"activation={activation!r} is not one of {sorted(_ACTIVATIONS)}")
     if gate_up_layout not in _LAYOUTS:
         raise _err(f"gate_up_layout={gate_up_layout!r} is not one of {sorted(_LAYOUTS)}")
+    if w13.layout != w2.layout:
+        raise _err(f"w13 is {w13.layout} and w2 {w2.layout}: both experts in one layout (moe_repack)")
+    frag = w13.layout == "frag"
+    if frag and (w13.parts != 2 or w2.parts != 1):
+        raise _err(f"frag experts: w13 must have parts=2 (gate, up) and w2 parts=1, got {w13.parts}, "
+                   f"{w2.parts} (moe_repack makes both)")
+    if frag and w13.gate_up != gate_up_layout:
+        raise _err(f"w13 was repacked with gate_up={w13.gate_up!r} but gate_up_layout={gate_up_layout!r} "
+                   "(the bias is read in that row order)")
     xv, lead = _rows(x, "x", "H", stream=stream_handle(stream))
     t, h = xv.shape
     e, two_i, h13 = w13.shape
@@ -660,6 +686,7 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
 
     w13o = _weight_operands(w13)
     w2o = _weight_operands(w2)
+    layout = _lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG if frag else _lib.MXFP4Layout.QG_MXFP4_LAYOUT_CANONICAL
     _lib.qg_moe_align(c.handle, ctypes.byref(_lib.qg_moe_align_args(
         num_tokens=t, top_k=top_k, num_experts=e, tile_m=tm, topk_ids=_ptr(idv),
         sorted_ids=_ptr(sv), tile_experts=_ptr(tv), num_sorted=_ptr(nv))), s)
@@ -670,14 +697,18 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
         w13_scales=_ptr(w13o["w.scales"]), w13_bias=_ptr(b13v),
         bias_dtype=qg_dtype_of(b13v.dtype) if b13v is not None else DType.QG_DTYPE_F32,
         activation=_ACTIVATIONS[activation], gate_up_layout=_LAYOUTS[gate_up_layout],
-        swiglu_alpha=alpha, swiglu_limit=limit, act=_ptr(av))), s)
-    _lib.qg_moe_stage2(c.handle, ctypes.byref(_lib.qg_moe_stage2_args(
+        swiglu_alpha=alpha, swiglu_limit=limit, act=_ptr(av), layout=layout)), s)
+    args2 = _lib.qg_moe_stage2_args(
         num_tokens=t, top_k=top_k, num_experts=e, tile_m=tm, hidden=h, intermediate=inter,
         act_dtype=x_dt, act=_ptr(av), sorted_ids=_ptr(sv), tile_experts=_ptr(tv),
         num_sorted=_ptr(nv), w2_blocks=_ptr(w2o["w.blocks"]), w2_scales=_ptr(w2o["w.scales"]),
         w2_bias=_ptr(b2v),
         bias_dtype=qg_dtype_of(b2v.dtype) if b2v is not None else DType.QG_DTYPE_F32,
         topk_weights=_ptr(wtv), y_dtype=_act_dtype(yv, "out", float_text), y=_ptr(yv),
-        ldy=_ld(yv, "out"))), s)
+        ldy=_ld(yv, "out"), layout=layout)
+    ws_bytes = ctypes.c_size_t(0)
+    _lib.qg_moe_stage2_workspace_size(c.handle, ctypes.byref(args2), ctypes.byref(ws_bytes))
+    args2.workspace, args2.workspace_bytes = c.workspace(ws_bytes.value, s, purpose="moe.stage2")
+    _lib.qg_moe_stage2(c.handle, ctypes.byref(args2), s)
     _mark_stream(result, s)
     return result

@@ -598,25 +598,33 @@ class MXFP4Weight(_TwoLayouts):
     2j low nibble, 2j+1 high nibble, E2M1 codes), scales [N, K/32] uint8 E8M0. Stacked
     experts for moe(): blocks [E, N, K/32, 16], scales [E, N, K/32].
 
-    layout="frag" (dense [N, K] weights only, made by .repack() or .to_device();
-    pyquant.formats.mxfp4_frag and docs/w4a16-layout.md, "MXFP4"): the two planes
-    qg_mxfp4_repack writes, the W4A16 frag planes of G = 32 (blocks int32, scales bfloat16
-    2^(e - 127)), which the GPU tiers read; shape=(N, K) must be given. Stacked experts stay
-    canonical.
+    layout="frag" (made by .repack() or .to_device() for a dense weight, by
+    pyquant.moe_repack for experts; pyquant.formats.mxfp4_frag and docs/w4a16-layout.md,
+    "MXFP4"): the two planes qg_mxfp4_repack writes, the W4A16 frag planes of G = 32 (blocks
+    int32, scales bfloat16 2^(e - 127)), which the GPU tiers read; shape=(N, K) must be given.
+    Stacked experts in the frag layout (what the GPU MoE tiers read): shape=(E, N, K), parts
+    (2 for w13: gate and up apart, 1 for w2) and gate_up ("interleaved" / "concat": which
+    canonical rows were gate and up; the bias keeps that row order), the planes of
+    qg_moe_repack.
 
     Optional bias [N] (or [E, N]) in float32, float16 or bfloat16, in either layout."""
 
     format = "mxfp4"
     _component_names = ("blocks", "scales", "bias")
+    parts = 1
+    gate_up = None
 
-    def __init__(self, blocks, scales, bias=None, layout: str = "canonical", shape=None):
+    def __init__(self, blocks, scales, bias=None, layout: str = "canonical", shape=None,
+                 parts: int = 1, gate_up: str | None = None):
         _check_layout(layout)
         self.layout = layout
         if layout == "frag":
-            self._init_frag(blocks, scales, shape)
-            self.bias = _checked_bias(bias, self.shape[:1])
+            self._init_frag(blocks, scales, shape, parts, gate_up)
+            self.bias = _checked_bias(bias, self.shape[:-1])
             self._check_location()
             return
+        if parts != 1 or gate_up is not None:
+            raise _err("parts= and gate_up= describe frag-layout experts (pyquant.moe_repack)")
         if shape is not None:
             raise _err("shape= is for the frag layout; a canonical weight's shape follows from blocks")
         blocks = _require_contiguous(_component(blocks, "blocks"), "blocks")
@@ -635,17 +643,28 @@ class MXFP4Weight(_TwoLayouts):
         self.blocks, self.scales, self.bias = blocks, scales, _checked_bias(bias, lead)
         self._check_location()
 
-    def _init_frag(self, blocks, scales, shape):
-        if shape is None or len(shape) != 2:
-            raise _err("a frag-layout MXFP4Weight needs shape=(N, K): only a dense [N, K] weight has "
-                       "the frag layout (stacked experts for pyquant.moe stay canonical)")
-        n, k = (int(v) for v in shape)
-        if n <= 0 or k <= 0 or k % 32:
-            raise _err(f"shape=({n}, {k}): N and K must be positive and K a multiple of 32 (MXFP4 blocks)")
-        self.shape = (n, k)
+    def _init_frag(self, blocks, scales, shape, parts, gate_up):
+        if shape is None or len(shape) not in (2, 3):
+            raise _err("a frag-layout MXFP4Weight needs shape=(N, K), or (E, N, K) for experts")
+        dims = tuple(int(v) for v in shape)
+        n, k = dims[-2:]
+        if min(dims) <= 0 or k % 32:
+            raise _err(f"shape={dims}: every size must be positive and K a multiple of 32 (MXFP4 blocks)")
+        if len(dims) == 2:
+            if parts != 1 or gate_up is not None:
+                raise _err("parts= and gate_up= are for experts, shape=(E, N, K)")
+            planes = _mxfrag.plane_shapes(n, k)
+        else:
+            if parts not in (1, 2) or n % parts:
+                raise _err(f"parts={parts} must be 1 (w2) or 2 (w13: gate, up) and divide N={n}")
+            if (parts == 2) != (gate_up in ("interleaved", "concat")):
+                raise _err(f"gate_up={gate_up!r}: 'interleaved' or 'concat' for parts=2 (w13), None for parts=1")
+            planes = _mxfrag.moe_plane_shapes(dims[0], n, k, parts)
+            self.parts, self.gate_up = parts, gate_up
+        self.shape = dims
         arrays = _frag_planes({"blocks": (blocks, _PACKED_INT_DTYPES, False),
                                "scales": (scales, (BFLOAT16,), False)},
-                              _mxfrag.plane_shapes(n, k), f"({n}, {k})")
+                              planes, f"{dims}")
         self.blocks, self.scales = arrays["blocks"], arrays["scales"]
 
     @property
@@ -653,22 +672,51 @@ class MXFP4Weight(_TwoLayouts):
         return self.shape[0] if len(self.shape) == 3 else None
 
     def _replace(self, **arrays):
+        frag = self.layout == "frag"
         return MXFP4Weight(arrays["blocks"], arrays["scales"], arrays.get("bias"), layout=self.layout,
-                           shape=self.shape if self.layout == "frag" else None)
+                           shape=self.shape if frag else None, parts=self.parts if frag else 1,
+                           gate_up=self.gate_up if frag else None)
 
     def canonical_arrays(self) -> tuple:
         """(blocks, scales) in the canonical layout, as numpy arrays (a frag weight is
         unpacked with the numpy reference)."""
         b, s = self._host("blocks"), self._host("scales")
         if self.layout == "frag":
+            if len(self.shape) == 3:
+                return _mxfrag.moe_unpack(b, s, *self.shape, self.parts, self.gate_up or "interleaved")
             return _mxfrag.unpack(b, s, *self.shape)
         return b, s
 
     def _frag_refusal(self) -> str | None:
         if len(self.shape) == 2:
             return None
-        return (f"only a dense [N, K] MXFP4 weight has the frag layout; stacked experts {self.shape} "
-                "(pyquant.moe) stay canonical")
+        return (f"stacked experts {self.shape} take the MoE frag layout, whose gate / up split "
+                "only pyquant.moe_repack knows: use it")
+
+    def moe_repack(self, parts: int, gate_up: str | None, ctx: Context, stream=None) -> "MXFP4Weight":
+        """These canonical experts in the MoE frag layout (qg_moe_repack) where ctx keeps
+        memory: DeviceArrays of a GPU ctx (the weight is copied there first if it is not),
+        numpy on a CPU one."""
+        if self.layout != "canonical" or len(self.shape) != 3:
+            raise _err(f"moe_repack takes canonical experts [E, N, K]; this weight is {self.layout} {self.shape}")
+        w = self if self.ctx is ctx or (not ctx.is_gpu and not self.is_device) else self.to_device(ctx, "canonical")
+        e, n, k = w.shape
+        args = _lib.qg_moe_repack_args(layout=_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG, num_experts=e, parts=parts,
+                                       gate_up_layout=_lib.GateUpLayout.QG_GATE_UP_CONCAT if gate_up == "concat"
+                                       else _lib.GateUpLayout.QG_GATE_UP_INTERLEAVED, n=n, k=k)
+        nb, ns = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        _lib.qg_moe_repack_size(ctypes.byref(args), ctypes.byref(nb), ctypes.byref(ns))
+        planes = _mxfrag.moe_plane_shapes(e, n, k, parts)
+        in_ctx = ctx.is_gpu
+        out_b = _out_plane(planes["blocks"], np.int32, nb.value, ctx, in_ctx)
+        out_s = _out_plane(planes["scales"], BFLOAT16, ns.value, ctx, in_ctx)
+        args.blocks, args.scales = _address(w.blocks), _address(w.scales)
+        args.out_blocks, args.out_scales = _address(out_b), _address(out_s)
+        _lib.qg_moe_repack(ctx.handle, ctypes.byref(args), stream_handle(stream))
+        if in_ctx:
+            ctx.synchronize(stream)
+        return MXFP4Weight(out_b, out_s, w.bias, layout="frag", shape=w.shape, parts=parts,
+                           gate_up=gate_up if parts == 2 else None)
 
     def _canonical_weight(self) -> "MXFP4Weight":
         return MXFP4Weight(*self.canonical_arrays(), bias=self._host("bias"))

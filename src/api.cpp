@@ -201,9 +201,15 @@ QG_ARGS_INFO(qg_gguf_gemm_args, 112, )
 QG_ARGS_INFO(qg_mxfp4_gemm_args, 120, )
 QG_ARGS_INFO(qg_mxfp4_repack_args, )
 QG_ARGS_INFO(qg_moe_align_args, )
-QG_ARGS_INFO(qg_moe_stage1_args, )
-QG_ARGS_INFO(qg_moe_stage2_args, )
+// qg_moe_stage1_args / qg_moe_stage2_args: 152 bytes, then `layout` (format 4; stage 2 also
+// `workspace`, `workspace_bytes`).
+QG_ARGS_INFO(qg_moe_stage1_args, 152, )
+QG_ARGS_INFO(qg_moe_stage2_args, 152, )
+QG_ARGS_INFO(qg_moe_repack_args, )
 #undef QG_ARGS_INFO
+static_assert(sizeof(void*) != 8 || (offsetof(qg_moe_stage1_args, layout) == 152 &&
+                                     offsetof(qg_moe_stage2_args, layout) == 152),
+              "qg_moe_stage1_args / qg_moe_stage2_args: their first version ends at byte 152");
 static_assert(sizeof(void*) != 8 || (offsetof(qg_w4a16_gemm_args, layout) == 128 &&
                                      offsetof(qg_w4a16_gemm_args, bias) == 136),
               "qg_w4a16_gemm_args: its first version ends at byte 128, the second at 136");
@@ -420,6 +426,26 @@ qg_status check_mxfp4(const qg_mxfp4_gemm_args& a, bool pointers) {
 
 // gpu: the repack runs on a GPU context, whose kernel reads the canonical blocks as 32-bit
 // words (the host loop reads them at any alignment).
+// The pointers of an MXFP4 repack (dense or MoE): canonical rows x k in, two planes of the
+// given sizes out, none overlapping.
+qg_status check_mxfp4_repack_ptrs(const uint8_t* blocks, const uint8_t* scales, const void* out_blocks,
+                                  const void* out_scales, size_t rows, int64_t k, size_t out_b, size_t out_s,
+                                  bool gpu) {
+    QG_TRY(check_ptr(blocks, "blocks", gpu ? 4 : 1, gpu ? "the GPU repack reads them as 32-bit words" : "bytes"));
+    QG_TRY(check_ptr(scales, "scales", 1, "bytes"));
+    QG_TRY(check_ptr(out_blocks, "out_blocks", 16, "frag layout: 16-byte fragment loads"));
+    QG_TRY(check_ptr(out_scales, "out_scales", 16, "frag layout: 16-byte scale records"));
+    const size_t in_b = rows * (size_t)(k / 2), in_s = rows * (size_t)(k / 32);
+    const void* outs[2] = {out_blocks, out_scales};
+    const size_t out_bytes[2] = {out_b, out_s};
+    const char* out_names[2] = {"out_blocks", "out_scales"};
+    for (int i = 0; i < 2; ++i)
+        QG_CHECK(disjoint(outs[i], out_bytes[i], blocks, in_b) && disjoint(outs[i], out_bytes[i], scales, in_s),
+                 "%s overlaps an input array (the repack reads the canonical arrays while it writes)", out_names[i]);
+    QG_CHECK(disjoint(outs[1], out_bytes[1], outs[0], out_bytes[0]), "out_scales overlaps out_blocks");
+    return QG_OK;
+}
+
 qg_status check_mxfp4_repack(const qg_mxfp4_repack_args& a, bool pointers, bool gpu) {
     EnumText t;
     QG_CHECK(a.layout == QG_MXFP4_LAYOUT_FRAG, "layout=%s: qg_mxfp4_repack produces QG_MXFP4_LAYOUT_FRAG (1) only",
@@ -429,20 +455,34 @@ qg_status check_mxfp4_repack(const qg_mxfp4_repack_args& a, bool pointers, bool 
     QG_CHECK(a.k % 32 == 0, "k=%lld is not a multiple of 32 (MXFP4 blocks)", (ll)a.k);
     QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "blocks (k/2 bytes per row)", a.n + qg::frag::kRowBlock, 1));
     if (!pointers) return QG_OK;
-    QG_TRY(check_ptr(a.blocks, "blocks", gpu ? 4 : 1, gpu ? "the GPU repack reads them as 32-bit words" : "bytes"));
-    QG_TRY(check_ptr(a.scales, "scales", 1, "bytes"));
-    QG_TRY(check_ptr(a.out_blocks, "out_blocks", 16, "frag layout: 16-byte fragment loads"));
-    QG_TRY(check_ptr(a.out_scales, "out_scales", 16, "frag layout: 16-byte scale records"));
     const qg::frag::Geometry geo = qg::frag::Geometry(a.n, a.k, qg::MXFP4_BLOCK);
-    const size_t in_b = (size_t)a.n * (size_t)(a.k / 2), in_s = (size_t)a.n * (size_t)(a.k / 32);
-    const void* outs[2] = {a.out_blocks, a.out_scales};
-    const size_t out_bytes[2] = {(size_t)geo.qweight_bytes(), (size_t)geo.scales_bytes()};
-    const char* out_names[2] = {"out_blocks", "out_scales"};
-    for (int i = 0; i < 2; ++i)
-        QG_CHECK(disjoint(outs[i], out_bytes[i], a.blocks, in_b) && disjoint(outs[i], out_bytes[i], a.scales, in_s),
-                 "%s overlaps an input array (the repack reads the canonical arrays while it writes)", out_names[i]);
-    QG_CHECK(disjoint(outs[1], out_bytes[1], outs[0], out_bytes[0]), "out_scales overlaps out_blocks");
-    return QG_OK;
+    return check_mxfp4_repack_ptrs(a.blocks, a.scales, a.out_blocks, a.out_scales, (size_t)a.n, a.k,
+                                   (size_t)geo.qweight_bytes(), (size_t)geo.scales_bytes(), gpu);
+}
+
+qg_status check_moe_repack(const qg_moe_repack_args& a, bool pointers, bool gpu) {
+    EnumText t;
+    QG_CHECK(a.layout == QG_MXFP4_LAYOUT_FRAG, "layout=%s: qg_moe_repack produces QG_MXFP4_LAYOUT_FRAG (1) only",
+             t(a.layout == QG_MXFP4_LAYOUT_CANONICAL ? "QG_MXFP4_LAYOUT_CANONICAL" : nullptr, a.layout));
+    QG_CHECK(a.num_experts >= 1, "num_experts=%d must be positive", a.num_experts);
+    QG_CHECK(a.parts == 1 || a.parts == 2, "parts=%d is not 1 (w2) or 2 (w13: gate, up)", a.parts);
+    if (a.parts == 2)
+        QG_CHECK(a.gate_up_layout == QG_GATE_UP_CONCAT || a.gate_up_layout == QG_GATE_UP_INTERLEAVED,
+                 "gate_up_layout=%s is not a qg_gate_up_layout value", t(nullptr, a.gate_up_layout));
+    QG_TRY(check_positive("n", a.n));
+    QG_TRY(check_positive("k", a.k));
+    QG_CHECK(a.n % a.parts == 0, "n=%lld is not a multiple of parts=%d (gate and up rows pair up)", (ll)a.n, a.parts);
+    QG_CHECK(a.k % 32 == 0, "k=%lld is not a multiple of 32 (MXFP4 blocks)", (ll)a.k);
+    // every plane, padded, must be addressable: E * (n + 16 parts) rows of k + 128 columns
+    QG_CHECK(a.n + 16 * a.parts <= INT64_MAX / 8 / a.num_experts, "n=%lld x num_experts=%d overflows int64", (ll)a.n,
+             a.num_experts);
+    QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "blocks (k/2 bytes per row)",
+                        (a.n + 16 * a.parts) * a.num_experts, 1));
+    if (!pointers) return QG_OK;
+    const qg::MoePart part(a);
+    return check_mxfp4_repack_ptrs(a.blocks, a.scales, a.out_blocks, a.out_scales,
+                                   (size_t)a.n * (size_t)a.num_experts, a.k, (size_t)part.blocks_offset(a.num_experts, 0),
+                                   (size_t)part.scales_offset(a.num_experts, 0), gpu);
 }
 
 // Shared by align and both stages: routing sizes.
@@ -480,9 +520,17 @@ qg_status check_moe_dims(int64_t T, int32_t top_k, int32_t E, int64_t hidden, in
     return QG_OK;
 }
 
+qg_status check_mxfp4_layout_value(const char* name, int layout) {
+    EnumText t;
+    QG_CHECK(layout == QG_MXFP4_LAYOUT_CANONICAL || layout == QG_MXFP4_LAYOUT_FRAG,
+             "%s=%s is not a qg_mxfp4_layout value (0 canonical, 1 frag)", name, t(nullptr, layout));
+    return QG_OK;
+}
+
 qg_status check_moe_stage1(const qg_moe_stage1_args& a) {
     QG_TRY(check_routing_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m));
     QG_TRY(check_moe_dims(a.num_tokens, a.top_k, a.num_experts, a.hidden, a.intermediate));
+    QG_TRY(check_mxfp4_layout_value("layout", a.layout));
     QG_TRY(check_dtype("x_dtype", a.x_dtype, kF32 | kF16 | kBF16, "MoE (fp32, fp16 or bf16)"));
     QG_TRY(check_ld("ldx", a.ldx, "hidden", a.hidden));
     QG_TRY(check_extent("ldx", a.ldx, "x", a.num_tokens, (int64_t)dtype_size(a.x_dtype)));
@@ -508,15 +556,17 @@ qg_status check_moe_stage1(const qg_moe_stage1_args& a) {
     return QG_OK;
 }
 
-qg_status check_moe_stage2(const qg_moe_stage2_args& a) {
+qg_status check_moe_stage2(const qg_moe_stage2_args& a, bool pointers) {
     QG_TRY(check_routing_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m));
     QG_TRY(check_moe_dims(a.num_tokens, a.top_k, a.num_experts, a.hidden, a.intermediate));
+    QG_TRY(check_mxfp4_layout_value("layout", a.layout));
     QG_TRY(check_dtype("act_dtype", a.act_dtype, kF32 | kF16 | kBF16, "MoE (fp32, fp16 or bf16)"));
     QG_TRY(check_dtype("y_dtype", a.y_dtype, kF32 | kF16 | kBF16, "MoE (fp32, fp16 or bf16)"));
     QG_TRY(check_ld("ldy", a.ldy, "hidden", a.hidden));
     QG_TRY(check_extent("ldy", a.ldy, "y", a.num_tokens, (int64_t)dtype_size(a.y_dtype)));
     if (a.w2_bias != nullptr)
         QG_TRY(check_dtype("bias_dtype", a.bias_dtype, kF32 | kF16 | kBF16, "MoE bias (fp32, fp16 or bf16)"));
+    if (!pointers) return QG_OK;
     QG_TRY(check_ptr(a.act, "act", dtype_size(a.act_dtype), dtype_name(a.act_dtype)));
     QG_TRY(check_routing_ptrs(a.sorted_ids, a.tile_experts, a.num_sorted));
     QG_TRY(check_ptr(a.w2_blocks, "w2_blocks", 1, "bytes"));
@@ -548,6 +598,15 @@ void strip_pointers(qg_gguf_gemm_args* a) {
     a->y = a->workspace = nullptr;
     a->ldx = round16(a->ldx);
     a->ldw = round16(a->ldw);
+    a->ldy = round16(a->ldy);
+}
+void strip_pointers(qg_moe_stage2_args* a) {
+    if (a->w2_bias != nullptr) a->w2_bias = reinterpret_cast<const void*>(256);
+    a->act = nullptr;
+    a->sorted_ids = a->tile_experts = a->num_sorted = nullptr;
+    a->w2_blocks = a->w2_scales = nullptr;
+    a->topk_weights = nullptr;
+    a->y = a->workspace = nullptr;
     a->ldy = round16(a->ldy);
 }
 void strip_pointers(qg_mxfp4_gemm_args* a) {
@@ -1062,7 +1121,8 @@ template <>
 struct Entry<qg_moe_stage2_args> : MoeEntry {
     static const TierTable<qg_moe_stage2_args>& table() { return qg::moe_stage2_tier_table(); }
     static int64_t rows(const qg_moe_stage2_args& a) { return a.num_tokens; }
-    static qg_status check(const qg_moe_stage2_args& a, bool) { return check_moe_stage2(a); }
+    static constexpr const char* query = "qg_moe_stage2_workspace_size";
+    static qg_status check(const qg_moe_stage2_args& a, bool pointers) { return check_moe_stage2(a, pointers); }
     static void log(const qg_moe_stage2_args& a, const char* tier, const char* reason) {
         qg::log_once("moe_stage2 tier=%s (%s) tokens=%lld hidden=%lld intermediate=%lld experts=%d top_k=%d", tier,
                      reason, (ll)a.num_tokens, (ll)a.hidden, (ll)a.intermediate, a.num_experts, a.top_k);
@@ -1078,8 +1138,6 @@ template <>
 qg_status check_call_workspace(const qg_moe_align_args&, size_t, const char*) { return QG_OK; }
 template <>
 qg_status check_call_workspace(const qg_moe_stage1_args&, size_t, const char*) { return QG_OK; }
-template <>
-qg_status check_call_workspace(const qg_moe_stage2_args&, size_t, const char*) { return QG_OK; }
 
 template <class Args>
 qg_status run_entry(const char* fn, qg_context* ctx, const Args* args, qg_stream stream) {
@@ -1156,6 +1214,22 @@ struct Repack<qg_mxfp4_repack_args> {
 #if defined(QG_HAVE_GPU)
     static qg_status gpu(const qg_context* c, const qg_mxfp4_repack_args& a, qg_stream s) {
         return qg::gpu_mxfp4_repack(c, a, s);
+    }
+#endif
+};
+
+template <>
+struct Repack<qg_moe_repack_args> {
+    static qg_status check(const qg_context* c, const qg_moe_repack_args& a) { return check_moe_repack(a, true, is_gpu(c)); }
+    static void log(const qg_moe_repack_args& a, const char* where) {
+        qg::log_once("moe repack to frag on %s: experts=%d parts=%d n=%lld k=%lld%s", where, a.num_experts, a.parts,
+                     (ll)a.n, (ll)a.k,
+                     a.parts == 1 ? "" : a.gate_up_layout == QG_GATE_UP_CONCAT ? " gate_up=concat" : " gate_up=interleaved");
+    }
+    static void host(const qg_moe_repack_args& a) { qg::moe_repack_frag_host(a); }
+#if defined(QG_HAVE_GPU)
+    static qg_status gpu(const qg_context* c, const qg_moe_repack_args& a, qg_stream s) {
+        return qg::gpu_moe_repack(c, a, s);
     }
 #endif
 };
@@ -1271,8 +1345,29 @@ QG_API qg_status qg_moe_stage1(qg_context* ctx, const qg_moe_stage1_args* args, 
     return run_entry("qg_moe_stage1", ctx, args, stream);
 }
 
+QG_API qg_status qg_moe_stage2_workspace_size(qg_context* ctx, const qg_moe_stage2_args* args, size_t* bytes) {
+    return run_workspace_query("qg_moe_stage2_workspace_size", ctx, args, bytes);
+}
+
 QG_API qg_status qg_moe_stage2(qg_context* ctx, const qg_moe_stage2_args* args, qg_stream stream) {
     return run_entry("qg_moe_stage2", ctx, args, stream);
+}
+
+QG_API qg_status qg_moe_repack_size(const qg_moe_repack_args* args, size_t* blocks_bytes, size_t* scales_bytes) {
+    return guarded("qg_moe_repack_size", [&]() -> qg_status {
+        qg_moe_repack_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(blocks_bytes != nullptr && scales_bytes != nullptr, "blocks_bytes and scales_bytes must not be NULL");
+        QG_TRY(check_moe_repack(a, false, false));
+        const qg::MoePart part(a);
+        *blocks_bytes = (size_t)part.blocks_offset(a.num_experts, 0);
+        *scales_bytes = (size_t)part.scales_offset(a.num_experts, 0);
+        return QG_OK;
+    });
+}
+
+QG_API qg_status qg_moe_repack(qg_context* ctx, const qg_moe_repack_args* args, qg_stream stream) {
+    return run_repack("qg_moe_repack", ctx, args, stream);
 }
 
 }  // extern "C"

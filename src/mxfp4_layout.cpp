@@ -5,15 +5,18 @@
 // then placed for the E2M1 decode (frag::e2m1_place), and the scale values differ (E8M0
 // bytes <-> bf16 bits: frag::e8m0_bf16, frag::e8m0_of_bf16).
 // pyquant/formats/mxfp4_frag.py is the specification the tests hold both directions to,
-// byte for byte.
+// byte for byte. The MoE frag layout (qg_moe_repack) is that repack per part of each expert.
 #include <stdint.h>
+#include <string.h>
 
 #include <memory>
 #include <new>
+#include <vector>
 
 #include "formats/blocks.h"
 #include "formats/w4a16_frag.h"
 #include "frag_planes.h"
+#include "moe_sizes.h"
 #include "tiers.h"
 
 namespace qg {
@@ -25,6 +28,32 @@ void mxfp4_repack_frag_host(const qg_mxfp4_repack_args& a) {
     for_each_scale(geo, [&](int64_t i, int64_t n, int64_t grp, bool real) {
         out_s[i] = real ? frag::e8m0_bf16(a.scales[n * geo.groups + grp]) : 0;
     });
+}
+
+void moe_repack_frag_host(const qg_moe_repack_args& a) {
+    const MoePart part(a);
+    const int64_t row_bytes = a.k / 2, row_scales = a.k / MXFP4_BLOCK;
+    // a part's canonical rows, gathered when they are interleaved (every other row)
+    std::vector<uint8_t> b(static_cast<size_t>(part.rows * row_bytes)), s(static_cast<size_t>(part.rows * row_scales));
+    for (int32_t e = 0; e < a.num_experts; ++e)
+        for (int32_t h = 0; h < a.parts; ++h) {
+            const int64_t first = part.first_row(e, h);
+            for (int64_t r = 0; r < part.rows; ++r) {
+                const int64_t src = first + r * part.row_step;
+                memcpy(b.data() + r * row_bytes, a.blocks + src * row_bytes, static_cast<size_t>(row_bytes));
+                memcpy(s.data() + r * row_scales, a.scales + src * row_scales, static_cast<size_t>(row_scales));
+            }
+            qg_mxfp4_repack_args one{};
+            one.size = sizeof(one);
+            one.layout = QG_MXFP4_LAYOUT_FRAG;
+            one.n = part.rows;
+            one.k = a.k;
+            one.blocks = b.data();
+            one.scales = s.data();
+            one.out_blocks = static_cast<char*>(a.out_blocks) + part.blocks_offset(e, h);
+            one.out_scales = static_cast<char*>(a.out_scales) + part.scales_offset(e, h);
+            mxfp4_repack_frag_host(one);
+        }
 }
 
 void mxfp4_frag_to_canonical_host(const qg_mxfp4_gemm_args& a, uint8_t* blocks, uint8_t* scales) {

@@ -5,8 +5,14 @@
 //   <gpu>:decode_frag    2       frag             NVIDIA sm_80+, mma.sync, M <= 16 per launch
 //   <gpu>:prefill_wgmma  3       frag             NVIDIA sm_90a, wgmma, any M
 //
-// (the W4A16 frag kernels on E2M1 nibbles: src/gpu/mxfp4_launch.cpp). The MoE launches have
-// only the CPU tier so far (issue "MXFP4 on the GPU"); a GPU context is refused by them.
+// (the W4A16 frag kernels on E2M1 nibbles: src/gpu/mxfp4_launch.cpp). The MoE launches, one
+// tier per backend (src/gpu/moe_launch.cpp):
+//
+//   launch   name             layouts               where
+//   align    cpu              -                     CPU contexts (src/cpu/moe.cpp)
+//            <gpu>:moe_align  -                     NVIDIA sm_80+, one block, E <= 1024
+//   stage1/2 cpu              canonical             CPU contexts
+//            <gpu>:moe_mma    MoE frag (qg_moe_repack)  NVIDIA sm_80+, mma.sync
 #include "tier_table.h"
 
 namespace qg {
@@ -15,6 +21,15 @@ namespace {
 template <class Args>
 bool cpu_usable(const qg_context* ctx, const Args&, const char** why) {
     return cpu_context_only(ctx, why);
+}
+
+// The CPU stages read canonical expert stacks (the MoE frag layout is the GPU tiers').
+template <class Args>
+bool cpu_stage_usable(const qg_context* ctx, const Args& a, const char** why) {
+    if (!cpu_context_only(ctx, why)) return false;
+    if (a.layout == QG_MXFP4_LAYOUT_CANONICAL) return true;
+    *why = "reads canonical expert stacks (the MoE frag layout is the GPU tiers')";
+    return false;
 }
 
 qg_status gemm_launch(const qg_context* ctx, const qg_mxfp4_gemm_args& a, qg_stream) {
@@ -26,8 +41,8 @@ qg_status stage2_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_s
 
 const Tier<qg_mxfp4_gemm_args> kGemmCpu = {"cpu", 0, cpu_usable<qg_mxfp4_gemm_args>, nullptr, gemm_launch};
 const Tier<qg_moe_align_args> kAlignCpu = {"cpu", 0, cpu_usable<qg_moe_align_args>, nullptr, align_launch};
-const Tier<qg_moe_stage1_args> kStage1Cpu = {"cpu", 0, cpu_usable<qg_moe_stage1_args>, nullptr, stage1_launch};
-const Tier<qg_moe_stage2_args> kStage2Cpu = {"cpu", 0, cpu_usable<qg_moe_stage2_args>, nullptr, stage2_launch};
+const Tier<qg_moe_stage1_args> kStage1Cpu = {"cpu", 0, cpu_stage_usable<qg_moe_stage1_args>, nullptr, stage1_launch};
+const Tier<qg_moe_stage2_args> kStage2Cpu = {"cpu", 0, cpu_stage_usable<qg_moe_stage2_args>, nullptr, stage2_launch};
 
 const Tier<qg_mxfp4_gemm_args>* const kGemmTiers[] = {
     &kGemmCpu,
@@ -62,9 +77,15 @@ const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp
     *reason = "";
     return nullptr;  // select_tier names every tier's reason
 }
+#if defined(QG_HAVE_GPU)
+const Tier<qg_moe_align_args>* const kAlignTiers[] = {&kAlignCpu, &gpu_moe_align_tier};
+const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu, &gpu_moe_stage1_tier};
+const Tier<qg_moe_stage2_args>* const kStage2Tiers[] = {&kStage2Cpu, &gpu_moe_stage2_tier};
+#else
 const Tier<qg_moe_align_args>* const kAlignTiers[] = {&kAlignCpu};
 const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu};
 const Tier<qg_moe_stage2_args>* const kStage2Tiers[] = {&kStage2Cpu};
+#endif
 
 // The policy of a family with one tier per backend: the first usable one.
 template <class Args, const TierTable<Args>& (*TABLE)()>

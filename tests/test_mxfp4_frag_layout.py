@@ -12,7 +12,8 @@
 4. The CPU tier on a frag weight gives the canonical weight's output bit for bit (every x
    dtype and output dtype, with and without a bias), and the repack refuses bad arguments
    before it writes anything.
-5. pyquant: MXFP4Weight(layout="frag") checks its planes, stacked experts stay canonical.
+5. pyquant: MXFP4Weight(layout="frag") checks its planes; stacked experts repack only through
+   pyquant.moe_repack (their MoE frag layout: tests/test_moe_frag_layout.py).
 """
 from __future__ import annotations
 
@@ -184,7 +185,7 @@ def test_to_device_layouts_on_a_cpu_context(rng):
 def test_frag_weight_checks_its_planes(rng):
     w = pyquant.from_mxfp4(*_canonical(rng, 24, 96))
     f = w.repack()
-    with pytest.raises(pyquant.InvalidArgumentError, match=r"needs shape=\(N, K\): only a dense"):
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"needs shape=\(N, K\), or \(E, N, K\) for experts"):
         pyquant.MXFP4Weight(f.blocks, f.scales, layout="frag")
     with pytest.raises(pyquant.InvalidArgumentError, match=r"frag blocks plane holds \d+ elements; \(24, 96\) needs"):
         pyquant.MXFP4Weight(f.blocks[:1], f.scales, layout="frag", shape=w.shape)
@@ -218,12 +219,14 @@ def test_frag_shard_is_the_repack_of_the_canonical_shard(rng, assert_bitwise_equ
         f.shard("k", [96, 256], 0)
 
 
-def test_stacked_experts_stay_canonical(rng):
+def test_stacked_experts_repack_only_through_moe_repack(rng):
+    """Stacked experts stay canonical under repack() / to_device(): their frag layout splits
+    gate from up rows, which only pyquant.moe_repack is told (tests/test_moe_frag_layout.py)."""
     blocks = rng.integers(0, 256, size=(2, 16, 3, 16), dtype=np.uint8)
     scales = rng.integers(118, 130, size=(2, 16, 3), dtype=np.uint8)
     w = pyquant.from_mxfp4(blocks, scales)
-    with pytest.raises(pyquant.InvalidArgumentError, match=r"only a dense \[N, K\] MXFP4 weight has the frag "
-                                                            r"layout; stacked experts \(2, 16, 96\)"):
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"stacked experts \(2, 16, 96\) take the MoE frag "
+                                                            r"layout.*pyquant.moe_repack"):
         w.repack()
     with pytest.raises(pyquant.InvalidArgumentError, match="stacked experts"):
         w.to_device(pyquant.Context("cpu"), layout="frag")

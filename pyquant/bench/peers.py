@@ -6,6 +6,8 @@ GPU (torch with a GPU, else CuPy):
   cublas_bf16     torch.matmul bf16 on dense [N, K] weights (cuBLAS); every family but moe.
                   Through CuPy (no bf16 dtype there) it is cublas_fp16: same tensor-core rate.
   torch_int4pack  torch.ops.aten._weight_int4pack_mm (tinygemm) for the w4a16 family, bf16.
+  torch_grouped_mm the same moe layer through torch._grouped_mm (two grouped bf16 GEMMs over the
+                  pairs sorted by expert, gather / swiglu / weighted scatter-add around them).
   torch_moe_loop  a per-expert torch loop for moe: gather tokens, two bf16 matmuls, GPT-OSS
                   SwiGLU, weighted index_add; the per-expert token lists are built before timing.
 CPU:
@@ -18,6 +20,7 @@ like the library's.
 from __future__ import annotations
 
 import statistics
+import sys
 
 import numpy as np
 
@@ -210,6 +213,9 @@ class TorchPeers:
                     y.index_add_(0, tok, (act @ w2[e].T) * tw[tok, slot][:, None])
                 return y
             out["torch_moe_loop"] = timing.measure(self.timer, run, PEER_BUDGET_S)
+            grouped = self._grouped_mm_moe(case, x, tw, ids, experts)
+            if grouped is not None:
+                out["torch_grouped_mm"] = timing.measure(self.timer, grouped, PEER_BUDGET_S)
             return out
         x = torch.randn(case.m, case.k, dtype=torch.bfloat16, device="cuda")
         dense = ws["dense"]
@@ -222,6 +228,37 @@ class TorchPeers:
                 self.timer, lambda i: mm(x, packs[i % len(packs)][0], v.group_size, packs[i % len(packs)][1]),
                 PEER_BUDGET_S)
         return out
+
+    def _grouped_mm_moe(self, case: C.Case, x, tw, ids, experts):
+        """The same layer as torch_moe_loop through torch._grouped_mm (one grouped GEMM per
+        stage over the pairs sorted by expert): gather, grouped GEMM, GPT-OSS swiglu, grouped
+        GEMM, weighted scatter-add. None where this torch has no _grouped_mm or refuses it."""
+        torch = self.torch
+        if not hasattr(torch, "_grouped_mm"):
+            return None
+        e_count = case.moe_model().experts
+        flat = ids.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        offs = torch.from_numpy(np.cumsum(np.bincount(flat, minlength=e_count)).astype(np.int32)).cuda()
+        tok = torch.from_numpy(order // ids.shape[1]).cuda()
+        wsort = tw.reshape(-1)[torch.from_numpy(order).cuda()][:, None]
+
+        def run(i):
+            w13, w2 = experts[i % len(experts)]
+            h = torch._grouped_mm(x[tok], w13.transpose(-2, -1), offs=offs)
+            gate = h[:, 0::2].clamp(max=7.0)
+            up = h[:, 1::2].clamp(-7.0, 7.0)
+            act = (gate * torch.sigmoid(1.702 * gate) * (up + 1)).contiguous()
+            out = torch._grouped_mm(act, w2.transpose(-2, -1), offs=offs)
+            y = torch.zeros(case.m, case.k, dtype=torch.bfloat16, device="cuda")
+            return y.index_add_(0, tok, out * wsort)
+        try:
+            run(0)
+            torch.cuda.synchronize()
+        except (RuntimeError, TypeError) as err:
+            print(f"bench: torch._grouped_mm peer skipped: {err}", file=sys.stderr)
+            return None
+        return run
 
     def close(self):
         self._w = {}

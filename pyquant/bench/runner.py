@@ -200,9 +200,10 @@ class LibraryRunner:
             w = _make_weights(self.pq, case, arrays if (self.gpu or c == 0) else
                               {n: None if a is None else a.copy() for n, a in arrays.items()})
             if self.gpu:
-                # to_device gives a dense weight the frag layout the GPU tiers read (int4, mxfp4);
-                # stacked MoE experts stay canonical
-                w = tuple(x.to_device(self.ctx) for x in w) if isinstance(w, tuple) else w.to_device(self.ctx)
+                # the frag layouts the GPU tiers read: to_device for a dense weight (int4,
+                # mxfp4), moe_repack for experts (the cases route with interleaved gate / up)
+                w = (self.pq.moe_repack(*w, "interleaved", ctx=self.ctx) if isinstance(w, tuple)
+                     else w.to_device(self.ctx))
             ws.append(w)
         if self.gpu and case.family in ("w4a16", "mxfp4"):
             self._time_repack(case, ws[0])

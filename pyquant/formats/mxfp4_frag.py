@@ -24,6 +24,12 @@ NaN, is the quiet NaN 0x7fc0. Padding (N to 16, K to 128) is code 0 with scale 0
 adds exactly nothing. A bf16 scale is two bytes where E8M0 is one: 4.5 instead of 4.25 bits
 per weight, so that the W4A16 kernels' 16-bit scale records serve MXFP4 unchanged.
 
+Stacked experts (the MoE frag layout of qg_moe_repack, moe_repack below): each expert's
+[N, K] rows split into `parts` matrices of N / parts rows (w2: 1; w13: 2, gate then up, the
+gate rows being rows 2i (interleaved) or i < N/2 (concat) of the canonical expert), each
+repacked as above and the planes stacked expert-major along RB: part h of expert e is row
+blocks (e * parts + h) * RBp ... + RBp - 1, RBp = ceil(N / parts / 16).
+
 The canonical blocks [N, K/32, 16] (byte j = element 2j low nibble, 2j + 1 high) read as
 little-endian int32 words ARE the W4A16 canonical qweight [N, K/8] of the codes; this module
 does not use that shortcut (it decodes the codes with pyquant.formats.mxfp4), so the tests
@@ -38,7 +44,8 @@ from . import int4_frag as _frag
 from . import mxfp4 as _mxfp4
 
 __all__ = ["GROUP", "BF16_OF_E0", "BF16_NAN", "TARGET", "plane_shapes", "bit_position", "place_bits",
-           "unplace_bits", "e8m0_to_bf16_bits", "bf16_bits_to_e8m0", "repack", "unpack"]
+           "unplace_bits", "e8m0_to_bf16_bits", "bf16_bits_to_e8m0", "repack", "unpack", "moe_part_rows",
+           "moe_plane_shapes", "moe_repack", "moe_unpack"]
 
 GROUP = _mxfp4.BLOCK   # 32: one E8M0 scale per block = the frag group size
 BF16_OF_E0 = 0x0040    # 2^-127 as a bf16 subnormal: mantissa bit 6 of 2^-126 * 2^-1
@@ -122,3 +129,59 @@ def unpack(fb: np.ndarray, fs: np.ndarray, n: int, k: int):
     codes = _frag.unpack_nibbles(unplace_bits(fb), n, k).reshape(n, k // GROUP, GROUP)
     bits = _frag.unpack_scales(np.asarray(fs).view(np.uint16), n, k, GROUP)
     return np.ascontiguousarray(_mxfp4._encode_codes(codes)), bf16_bits_to_e8m0(bits)
+
+
+def moe_part_rows(n: int, parts: int, gate_up: str, h: int) -> np.ndarray:
+    """Canonical rows (within one expert of N rows) of part h: gate (h = 0) and up (h = 1) of
+    w13 as gate_up ("interleaved" / "concat") lays them out; the one part of w2 is every row."""
+    if parts == 1:
+        return np.arange(n)
+    if gate_up == "interleaved":
+        return np.arange(h, n, 2)
+    if gate_up == "concat":
+        return np.arange(h * (n // 2), (h + 1) * (n // 2))
+    raise ValueError(f"gate_up={gate_up!r} is not interleaved or concat")
+
+
+def moe_plane_shapes(experts: int, n: int, k: int, parts: int) -> dict[str, tuple]:
+    """Shapes of the two stacked planes: each part's planes with E * parts times its RB."""
+    one = plane_shapes(n // parts, k)
+    return {name: (experts * parts * shape[0],) + tuple(shape[1:]) for name, shape in one.items()}
+
+
+def moe_repack(blocks: np.ndarray, scales: np.ndarray, parts: int, gate_up: str = "interleaved"):
+    """Canonical experts (blocks [E, N, K/32, 16], scales [E, N, K/32]) -> the stacked frag
+    planes of qg_moe_repack (module docstring)."""
+    if blocks.ndim != 4 or scales.ndim != 3 or blocks.shape[:3] != scales.shape:
+        raise ValueError(f"blocks [E, N, K/32, 16] and scales [E, N, K/32] expected, got {blocks.shape}, "
+                         f"{scales.shape}")
+    e, n = scales.shape[:2]
+    if parts not in (1, 2) or n % parts:
+        raise ValueError(f"parts={parts} must be 1 or 2 and divide N={n}")
+    fbs, fss = [], []
+    for ex in range(e):
+        for h in range(parts):
+            rows = moe_part_rows(n, parts, gate_up, h)
+            fb, fs = repack(np.ascontiguousarray(blocks[ex, rows]), np.ascontiguousarray(scales[ex, rows]))
+            fbs.append(fb)
+            fss.append(fs)
+    return np.concatenate(fbs), np.concatenate(fss)
+
+
+def moe_unpack(fb: np.ndarray, fs: np.ndarray, experts: int, n: int, k: int, parts: int,
+               gate_up: str = "interleaved"):
+    """Inverse of moe_repack: stacked planes -> canonical (blocks [E, N, K/32, 16], scales
+    [E, N, K/32])."""
+    shapes = moe_plane_shapes(experts, n, k, parts)
+    fb = np.asarray(fb).reshape(shapes["blocks"])
+    fs = np.asarray(fs).reshape(shapes["scales"])
+    rbp = shapes["blocks"][0] // (experts * parts)
+    blocks = np.zeros((experts, n, k // GROUP, 16), np.uint8)
+    scales = np.zeros((experts, n, k // GROUP), np.uint8)
+    for ex in range(experts):
+        for h in range(parts):
+            i = (ex * parts + h) * rbp
+            b, s = unpack(fb[i:i + rbp], fs[i:i + rbp], n // parts, k)
+            rows = moe_part_rows(n, parts, gate_up, h)
+            blocks[ex, rows], scales[ex, rows] = b, s
+    return blocks, scales

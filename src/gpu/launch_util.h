@@ -21,6 +21,19 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 inline size_t align16(size_t v) { return (v + 15) & ~(size_t)15; }
 
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// The mma.sync tiers' device condition (NVIDIA sm_80+); *why names it otherwise.
+inline bool mma_sync_device(const qg_context* ctx, const char** why) {
+    if (!kGpuIsCuda) {
+        *why = "needs NVIDIA mma.sync (no AMD matrix tier yet)";
+        return false;
+    }
+    if (ctx->cc_major >= 8) return true;
+    *why = "needs mma.sync (NVIDIA compute capability 8.0+)";
+    return false;
+}
+
 // Bytes of one element of an activation or output dtype (src/dtypes.h), as an int for
 // pointer offsets.
 inline int dtype_bytes(qg_dtype d) { return (int)dtype_size(d); }

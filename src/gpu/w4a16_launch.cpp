@@ -19,23 +19,15 @@ using launch_util::ceil_div;
 
 typedef qg_w4a16_gemm_args Args;
 
+using launch_util::aligned16;
 using launch_util::elem_type;
+using launch_util::mma_sync_device;
 
 constexpr int kDecodeRows = 16;   // rows of x per decode launch: two n8 mma tiles
 constexpr size_t kCounterAlign = 256;
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 bool is_frag(const Args& a) { return a.layout == QG_W4A16_LAYOUT_FRAG; }
 
-bool mma_sync_device(const qg_context* ctx, const char** why) {
-    if (!kGpuIsCuda) {
-        *why = "needs NVIDIA mma.sync (no AMD matrix tier yet)";
-        return false;
-    }
-    if (ctx->cc_major >= 8) return true;
-    *why = "needs mma.sync (NVIDIA compute capability 8.0+)";
-    return false;
-}
 
 // The kernels index rows and k with 32-bit ints (row offsets in 64 bits).
 bool fits_int32(const Args& a, const char** why) {

@@ -1,0 +1,395 @@
+// MXFP4 mixture of experts on the GPU (NVIDIA sm_80+): align, the expert GEMM of both
+// stages, and stage 2's top-k sum. Semantics in include/quantgemm.h; pair p = t * top_k + j
+// is token t's j-th expert, P = T * top_k marks a padding slot.
+//
+// The routing tables are device data the host never reads, so the kernels treat what they
+// cannot use as padding instead of trusting it: an expert id outside [0, E) routes its pair
+// nowhere (align), a sorted id outside [0, P) is a padding slot, a tile of an expert outside
+// [0, E) is skipped, and num_sorted is clamped to the tables' size.
+//
+// moe_gemm, one thread block per (128 weight rows, expert tile of tile_m tokens): the tile's
+// tokens are gathered into a shared x chunk [tile_m, 128] by cp.async (a ring of
+// GEMM_X_STAGES, zero rows for padding slots), each lane's frag pieces of its warp's two row
+// blocks come global -> registers gemm_chunks_ahead chunks ahead (decode_frag's pipeline), and mma.sync
+// m16n8k16 runs only over the 8-token column tiles that hold a real pair (T = 1: one of them).
+// bf16 x takes the E8M0 scale into the A registers (E2M1 value x 2^(e - 127) is exact in bf16:
+// the prefill's FOLD, hip/w4a16_prefill.hip), fp16 x sums each group of 32 in fp32 and scales
+// it there (decode_frag's arithmetic).
+#include <stdint.h>
+
+#include "compat.h"
+#include "mma.h"
+#include "moe_kernels.h"
+#include "quantgemm.h"
+
+namespace qg {
+namespace moe {
+
+#if defined(QG_HAS_MMA_SYNC)
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+// Lanes of this warp holding the same key (every lane calls it).
+__device__ __forceinline__ unsigned same_key_lanes(int key) { return __match_any_sync(kFull, key); }
+
+// Expert of pair i of this warp's step, or -1 (past the segment, or an id outside [0, E)).
+__device__ __forceinline__ int pair_expert(const AlignParams& p, int i, int hi) {
+    if (i >= hi) return -1;
+    const int e = p.topk_ids[i];
+    return e >= 0 && e < p.experts ? e : -1;
+}
+
+}  // namespace
+#endif
+
+// One block of ALIGN_THREADS. Warp w owns the pairs [w S, (w + 1) S): pass 1 counts each
+// expert's pairs per warp, the counts become each warp's base inside its expert (a prefix over
+// warps) and the experts' padded starts a prefix over experts; pass 2 places the pairs, which
+// keeps them in pair order inside each expert (what the CPU tier gives), then the tiles.
+__global__ void __launch_bounds__(ALIGN_THREADS) moe_align(const AlignParams p) {
+#if defined(QG_HAS_MMA_SYNC)
+    extern __shared__ int align_smem[];
+    const int E = p.experts, P = p.pairs;
+    int* cnt = align_smem;               // [ALIGN_WARPS][E]
+    int* total = cnt + ALIGN_WARPS * E;  // [E] pairs per expert
+    int* start = total + E;              // [E + 1] padded starts
+    int* wsum = start + E + 1;           // [ALIGN_WARPS] scan of the warps' sums
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int seg = (P + ALIGN_WARPS - 1) / ALIGN_WARPS;
+    const int lo = min(P, warp * seg), hi = min(P, lo + seg);
+
+    for (int i = tid; i < ALIGN_WARPS * E; i += ALIGN_THREADS) cnt[i] = 0;
+    for (int i = tid; i < p.max_sorted; i += ALIGN_THREADS) p.sorted_ids[i] = P;
+    __syncthreads();
+    for (int base = lo; base < hi; base += 32) {
+        const int e = pair_expert(p, base + lane, hi);
+        const unsigned same = same_key_lanes(e);
+        if (e >= 0 && lane == __ffs(same) - 1) cnt[warp * E + e] += __popc(same);
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += ALIGN_THREADS) {
+        int s = 0;
+        for (int w = 0; w < ALIGN_WARPS; ++w) {
+            const int c = cnt[w * E + e];
+            cnt[w * E + e] = s;
+            s += c;
+        }
+        total[e] = s;
+    }
+    __syncthreads();
+    // exclusive scan of the padded counts (E <= ALIGN_THREADS: one expert per thread)
+    const int v = tid < E ? (total[tid] + p.tile_m - 1) / p.tile_m * p.tile_m : 0;
+    int incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(kFull, incl, o);
+        if (lane >= o) incl += n;
+    }
+    if (lane == 31) wsum[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        int s = wsum[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            const int n = __shfl_up_sync(kFull, s, o);
+            if (lane >= o) s += n;
+        }
+        wsum[lane] = s;
+    }
+    __syncthreads();
+    if (tid < E) start[tid] = incl - v + (warp > 0 ? wsum[warp - 1] : 0);
+    if (tid == 0) start[E] = wsum[ALIGN_WARPS - 1];
+    __syncthreads();
+    for (int base = lo; base < hi; base += 32) {
+        const int i = base + lane;
+        const int e = pair_expert(p, i, hi);
+        const unsigned same = same_key_lanes(e);
+        if (e >= 0) p.sorted_ids[start[e] + cnt[warp * E + e] + __popc(same & ((1u << lane) - 1u))] = i;
+        __syncwarp();
+        if (e >= 0 && lane == __ffs(same) - 1) cnt[warp * E + e] += __popc(same);
+        __syncwarp();
+    }
+    const int used = start[E];
+    for (int t = tid; t < p.max_tiles; t += ALIGN_THREADS) {
+        int e = -1;
+        const int s = t * p.tile_m;
+        if (s < used) {  // the last expert whose start is <= s (empty experts share a start)
+            int a = 0, b = E;  // start[a] <= s < start[b]
+            while (b - a > 1) {
+                const int mid = (a + b) / 2;
+                if (start[mid] <= s) a = mid; else b = mid;
+            }
+            e = a;
+        }
+        p.tile_experts[t] = e;
+    }
+    if (tid == 0) p.num_sorted[0] = used;
+#else
+    qg_device_trap();
+#endif
+}
+
+#if defined(QG_HAS_MMA_SYNC)
+namespace {
+
+// One 128-k chunk of a lane's two row blocks: frag pieces (two 64-k tiles) and scale words.
+struct ChunkRegs {
+    uint4 w[2][2];
+    uint4 s[2];  // the chunk's 4 groups: s[g] | s[g + 8] << 16 as bf16 bits
+};
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// The activations of include/quantgemm.h, as the CPU tier computes them (src/cpu/moe.cpp):
+// the clamps are written as comparisons so that a NaN passes through as it does there.
+__device__ __forceinline__ float glu(int act, float g, float u, float alpha, float limit) {
+    if (act == QG_ACT_SILU_GLU) return g / (1.0f + expf(-g)) * u;
+    g = limit < g ? limit : g;
+    u = u < -limit ? -limit : u;
+    u = limit < u ? limit : u;
+    return g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
+}
+
+}  // namespace
+#endif
+
+template <int XT, int MT, int STAGE>
+__global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
+#if defined(QG_HAS_MMA_SYNC)
+    constexpr bool FOLD = XT == ELEM_BF16;
+    constexpr int AHEAD = gemm_chunks_ahead(MT);
+    constexpr int TM = MT * 8;
+    constexpr int X_BYTES = TM * GEMM_XS_STRIDE * 2;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int slot_pair[TM];
+    __shared__ int used_slots;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    // split-K (stage 2 only, gridDim.z = 2): this block's chunks [kc0, kc0 + KC) of the KC_ALL
+    const int KC_ALL = p.k_chunks;
+    const int64_t KT = 2 * static_cast<int64_t>(KC_ALL);
+    const int kc0 = static_cast<int>(blockIdx.z) * KC_ALL / static_cast<int>(gridDim.z);
+    const int KC = (static_cast<int>(blockIdx.z) + 1) * KC_ALL / static_cast<int>(gridDim.z) - kc0;
+    const int k_left = p.k - kc0 * 128;
+    const int RBp = p.part_blocks;
+    // this warp's row blocks inside one expert's part(s): stage 1 block j of gate and of up
+    // (parts 0 and 1), stage 2 blocks j, j + 1 of the one part
+    const int j = STAGE == STAGE_GATE_UP ? blockIdx.x * GEMM_WARPS + warp : (blockIdx.x * GEMM_WARPS + warp) * 2;
+    bool in[2];
+    in[0] = j < RBp;
+    in[1] = STAGE == STAGE_GATE_UP ? in[0] : j + 1 < RBp;
+    const int n_sorted = min(max(p.num_sorted[0], 0), p.max_tiles * p.tile_m);
+    const int tiles = n_sorted / p.tile_m;
+
+    for (int tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
+        const int e = p.tile_experts[tile];
+        if (e < 0 || e >= p.experts) continue;  // the same for the whole block
+        __syncthreads();                        // the previous tile is done with slot_pair
+        if (tid == 0) used_slots = 0;
+        __syncthreads();
+        if (tid < TM) {
+            const int q = p.sorted_ids[static_cast<int64_t>(tile) * TM + tid];
+            const bool real = q >= 0 && q < p.pairs;
+            slot_pair[tid] = real ? q : -1;
+            if (real) atomicMax(&used_slots, tid + 1);
+        }
+        __syncthreads();
+        const int used = used_slots;  // slots [0, used) hold every real pair (a prefix from align)
+        if (used == 0) continue;
+
+        // x rows: thread copies pieces tid + 128 i (row / 16, 16-byte piece % 16), i < MT
+        const uint16_t* xsrc[MT];
+        bool xreal[MT];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            const int q = slot_pair[(tid + GEMM_THREADS * i) >> 4];
+            xreal[i] = q >= 0;
+            xsrc[i] = p.x + (xreal[i] ? static_cast<int64_t>(q / p.x_row_div) * p.ldx : 0) + ((tid & 15) * 8) + kc0 * 128;
+        }
+        auto load_x = [&](int kc, int slot) {
+            uint16_t* dst = reinterpret_cast<uint16_t*>(smem + slot * X_BYTES);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const int q = tid + GEMM_THREADS * i;
+                const bool in_k = kc * 128 + (q & 15) * 8 < k_left;  // K % 32 == 0: pieces are whole
+                cp_async16(dst + (q >> 4) * GEMM_XS_STRIDE + (q & 15) * 8, xsrc[i] + kc * 128, xreal[i] && in_k);
+            }
+        };
+
+        const int64_t part0 = static_cast<int64_t>(e) * (STAGE == STAGE_GATE_UP ? 2 : 1) * RBp;
+        const uint4* wbase[2];
+        const uint4* sbase[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int64_t rb = part0 + (STAGE == STAGE_GATE_UP ? r * RBp + j : j + r);
+            wbase[r] = reinterpret_cast<const uint4*>(p.qweight) + (rb * KT + 2 * kc0) * 32 + lane;
+            sbase[r] = reinterpret_cast<const uint4*>(p.scales + ((rb * KC_ALL + kc0) * 8 + g) * 4);
+        }
+        auto load_chunk = [&](ChunkRegs& c, int kc) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                if (in[r] && kc < KC) {
+                    c.w[r][0] = __ldg(wbase[r] + 2 * static_cast<int64_t>(kc) * 32);
+                    c.w[r][1] = __ldg(wbase[r] + (2 * static_cast<int64_t>(kc) + 1) * 32);
+                    c.s[r] = __ldg(sbase[r] + static_cast<int64_t>(kc) * 8);
+                } else {
+                    c.w[r][0] = c.w[r][1] = c.s[r] = make_uint4(0, 0, 0, 0);
+                }
+            }
+        };
+
+        float acc[2][MT][4], grp[2][MT][4];
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[r][mt][i] = grp[r][mt][i] = 0.f;
+
+#pragma unroll
+        for (int s = 0; s < GEMM_X_STAGES - 1; ++s) {
+            if (s < KC) load_x(s, s);
+            cp_async_commit();
+        }
+        // AHEAD register sets, named (an array of them, indexed in an unrolled loop, cost fp16
+        // x's kernels 50 registers and spills in ptxas)
+        static_assert(AHEAD == 2 || AHEAD == 4, "two or four chunks ahead");
+        ChunkRegs r0, r1, r2, r3;
+        load_chunk(r0, 0);
+        load_chunk(r1, 1);
+        if constexpr (AHEAD == 4) {
+            load_chunk(r2, 2);
+            load_chunk(r3, 3);
+        }
+
+        auto run_chunk = [&](int kc, ChunkRegs& d) {
+            cp_async_wait<GEMM_X_STAGES - 2>();
+            __syncthreads();  // chunk kc's x has landed everywhere; slot (kc - 1) is free
+            if (kc + GEMM_X_STAGES - 1 < KC) load_x(kc + GEMM_X_STAGES - 1, (kc + GEMM_X_STAGES - 1) % GEMM_X_STAGES);
+            cp_async_commit();
+            const uint16_t* xs = reinterpret_cast<const uint16_t*>(smem + (kc % GEMM_X_STAGES) * X_BYTES);
+            uint32_t bfrag[MT][4];
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks) {
+                if (ks % 2 == 0) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        if (mt > 0 && mt * 8 >= used) break;
+                        ldmatrix_x4(bfrag[mt], xs + (mt * 8 + (lane & 7)) * GEMM_XS_STRIDE + ks * 16 + (lane >> 3) * 8);
+                    }
+                }
+                const int bh = (ks % 2) * 2;
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    uint32_t a[4];
+                    e2m1_word<XT>(word_of(d.w[r][ks / 4], ks % 4), a);
+                    if constexpr (FOLD) {
+                        const uint32_t sw = word_of(d.s[r], ks / 2);  // group ks / 2 of the chunk
+                        const uint32_t s_g = __byte_perm(sw, 0, 0x1010), s_g8 = __byte_perm(sw, 0, 0x3232);
+                        a[0] = mul_bf16x2(a[0], s_g);
+                        a[1] = mul_bf16x2(a[1], s_g8);
+                        a[2] = mul_bf16x2(a[2], s_g);
+                        a[3] = mul_bf16x2(a[3], s_g8);
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        if (mt > 0 && mt * 8 >= used) break;
+                        mma16816<XT>(FOLD ? acc[r][mt] : grp[r][mt], a[0], a[1], a[2], a[3], bfrag[mt][bh],
+                                     bfrag[mt][bh + 1]);
+                    }
+                }
+                if (!FOLD && ks % 2 == 1) {  // the group of 32 closes: acc += s * its sum
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const uint32_t sw = word_of(d.s[r], ks / 2);
+                        const float s_lo = __uint_as_float(sw << 16), s_hi = __uint_as_float(sw & 0xffff0000u);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            acc[r][mt][0] = fmaf(s_lo, grp[r][mt][0], acc[r][mt][0]);
+                            acc[r][mt][1] = fmaf(s_lo, grp[r][mt][1], acc[r][mt][1]);
+                            acc[r][mt][2] = fmaf(s_hi, grp[r][mt][2], acc[r][mt][2]);
+                            acc[r][mt][3] = fmaf(s_hi, grp[r][mt][3], acc[r][mt][3]);
+                            grp[r][mt][0] = grp[r][mt][1] = grp[r][mt][2] = grp[r][mt][3] = 0.f;
+                        }
+                    }
+                }
+            }
+            load_chunk(d, kc + AHEAD);  // the registers of chunk kc are spent
+        };
+        for (int kc = 0; kc < KC; kc += AHEAD) {
+            run_chunk(kc, r0);
+            if (kc + 1 < KC) run_chunk(kc + 1, r1);
+            if constexpr (AHEAD == 4) {
+                if (kc + 2 < KC) run_chunk(kc + 2, r2);
+                if (kc + 3 < KC) run_chunk(kc + 3, r3);
+            }
+        }
+        cp_async_wait<0>();
+
+        // ---- epilogue. acc[r][mt][i]: row g + 8 (i >> 1) of row block r, token slot mt 8 + 2t + (i & 1)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int q = slot_pair[mt * 8 + 2 * t + (i & 1)];
+                if (q < 0) continue;
+                const int row = g + 8 * (i >> 1);
+                if constexpr (STAGE == STAGE_GATE_UP) {
+                    const int c = j * 16 + row;  // channel
+                    if (!in[0] || c >= p.rows) continue;
+                    const int64_t b0 = static_cast<int64_t>(e) * 2 * p.rows;
+                    const float gate = acc[0][mt][i] + bias_at(p.bias, b0 + (p.concat ? c : 2 * c));
+                    const float up = acc[1][mt][i] + bias_at(p.bias, b0 + (p.concat ? p.rows + c : 2 * c + 1));
+                    store_out(p.act, static_cast<int64_t>(q) * p.rows + c, glu(p.activation, gate, up, p.alpha, p.limit),
+                              p.act_type);
+                } else {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int n = (j + r) * 16 + row;
+                        if (!in[r] || n >= p.rows) continue;
+                        float* o = p.out + static_cast<int64_t>(q) * p.rows + n;
+                        if (gridDim.z == 1) {
+                            *o = acc[r][mt][i] + bias_at(p.bias, static_cast<int64_t>(e) * p.rows + n);
+                        } else {
+                            // two halves of K into the zeroed workspace: 0 + a + b is a + b in
+                            // either order, so the sum does not depend on which half lands first
+                            const float b = blockIdx.z == 0 ? bias_at(p.bias, static_cast<int64_t>(e) * p.rows + n) : 0.0f;
+                            atomicAdd(o, acc[r][mt][i] + b);
+                        }
+                    }
+                }
+            }
+    }
+#else
+    qg_device_trap();
+#endif
+}
+
+// y[t, h] = sum over j ascending of topk_weights[t, j] * out[t * top_k + j, h] in fp32, rounded
+// once to y's type; out is zeroed as it is read (the workspace contract).
+__global__ void __launch_bounds__(COMBINE_THREADS) moe_combine(const CombineParams p) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * COMBINE_THREADS + threadIdx.x;
+    if (i >= static_cast<int64_t>(p.tokens) * p.hidden) return;
+    const int64_t tok = i / p.hidden, h = i % p.hidden;
+    float s = 0.0f;
+    for (int jj = 0; jj < p.top_k; ++jj) {
+        const int64_t pair = tok * p.top_k + jj;
+        float* o = p.out + pair * p.hidden + h;
+        s += p.topk_weights[pair] * *o;
+        *o = 0.0f;
+    }
+    store_out(p.y, tok * p.ldy + h, s, p.y_type);
+}
+
+const void* gemm_kernel(int x_type, int mt, int stage) {
+#define QG_CASE(XT, MT, ST) \
+    if (x_type == XT && mt == MT && stage == ST) return reinterpret_cast<const void*>(&moe_gemm<XT, MT, ST>);
+    QG_MOE_GEMM_KERNELS(QG_CASE)
+#undef QG_CASE
+    return nullptr;
+}
+
+}  // namespace moe
+}  // namespace qg

@@ -1,0 +1,190 @@
+"""MXFP4 mixture of experts on the GPU tiers (marked `gpu`: skipped where no GPU context can
+be created, and where the build has no GPU tier for moe) against the numpy reference.
+
+align: the GPU tables equal reference.moe_align element for element (sorted ids, tile
+experts, count) for tile_m 16 / 32 / 64, T in 1, 3, 64, 300, experts with no tokens and all
+tokens on one expert. The layer (align + stage 1 + stage 2, pyquant.moe on device arrays,
+the experts in the MoE frag layout of pyquant.moe_repack): tile_m x activation x gate / up
+layout x activation dtype; T in 1, 3, 64, 300; biases; intermediate = 32 (one row block
+pair for stage 1's first thread block, whose other warps own no channel) and hidden = 96
+(stage 2's last row tile partial); stage 2's K split in two (T = 1, I = 1024); the output poisoned with guard bands, every element
+compared (normalised error under a named bound, no fraction escape). Stage 1 alone writes
+every pair's row of act and nothing outside it (guard rows poisoned).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pyquant
+from pyquant import DeviceArray, _lib, tiers
+from pyquant.formats import reference
+from test_api_cpu import moe_bound, random_mxfp4
+
+pytestmark = pytest.mark.gpu
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
+
+
+def _need(gpu_ctx):
+    names = tiers.tiers().get("moe", [])
+    if not any(tiers.backend_of(t) in ("cuda", "hip") for t in names):
+        pytest.skip(f"this build has no GPU tier for moe: {pyquant.build_info()}")
+
+
+def _routing(rng, t, e, top_k, one_expert=False):
+    if one_expert:  # every token on expert e - 1 (the others get no pair), top_k = 1
+        return np.full((t, 1), e - 1, np.int32), np.ones((t, 1), np.float32)
+    ids = np.stack([rng.permutation(e)[:top_k] for _ in range(t)]).astype(np.int32)
+    wts = rng.uniform(0.1, 1.0, size=(t, top_k)).astype(np.float32)
+    return ids, wts / wts.sum(axis=1, keepdims=True)
+
+
+def _align_gpu(gpu_ctx, ids, e, tile_m):
+    t, top_k = ids.shape
+    ms, mt = ctypes.c_int64(), ctypes.c_int64()
+    _lib.qg_moe_align_sizes(t, top_k, e, tile_m, ctypes.byref(ms), ctypes.byref(mt))
+    d_ids = DeviceArray.from_numpy(ids, gpu_ctx)
+    # poisoned outputs: the kernel must write every element
+    sv = DeviceArray.from_numpy(np.full(ms.value, -7, np.int32), gpu_ctx)
+    tv = DeviceArray.from_numpy(np.full(mt.value, -7, np.int32), gpu_ctx)
+    nv = DeviceArray.from_numpy(np.full(1, -7, np.int32), gpu_ctx)
+    _lib.qg_moe_align(gpu_ctx.handle, ctypes.byref(_lib.qg_moe_align_args(
+        num_tokens=t, top_k=top_k, num_experts=e, tile_m=tile_m, topk_ids=d_ids.ptr, sorted_ids=sv.ptr,
+        tile_experts=tv.ptr, num_sorted=nv.ptr)), None)
+    gpu_ctx.synchronize()
+    return sv.to_numpy(), tv.to_numpy(), int(nv.to_numpy()[0])
+
+
+@pytest.mark.parametrize("tile_m", [16, 32, 64])
+@pytest.mark.parametrize("t,e,top_k,one", [(1, 128, 4, False), (3, 8, 2, False), (64, 32, 4, False),
+                                           (300, 16, 4, False), (64, 8, 1, True), (300, 1024, 8, False)])
+def test_gpu_align_is_the_reference(rng, gpu_ctx, tile_m, t, e, top_k, one):
+    _need(gpu_ctx)
+    ids, _ = _routing(rng, t, e, top_k, one)
+    s, te, n = _align_gpu(gpu_ctx, ids, e, tile_m)
+    rs, rte, rn = reference.moe_align(ids, e, tile_m)
+    assert n == rn, f"num_sorted {n} != {rn}"
+    assert np.array_equal(s, rs), f"sorted_ids differ at {np.flatnonzero(s != rs)[:8]}"
+    assert np.array_equal(te, rte), f"tile_experts differ at {np.flatnonzero(te != rte)[:8]}"
+
+
+def _layer(rng, t, e, top_k, h, inter, x_dt, bias=True, one=False):
+    w13 = random_mxfp4(rng, (e, 2 * inter), h, bias_dtype=F32 if bias else None)
+    w2 = random_mxfp4(rng, (e, h), inter, bias_dtype=BF16 if bias else None)
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    if x_dt == F16:
+        x *= 0.25  # keeps silu_glu's quadratic growth inside fp16 (tests/test_api_cpu.py)
+    ids, wts = _routing(rng, t, e, top_k, one)
+    return x.astype(x_dt), ids, wts, w13, w2
+
+
+def _run_moe(gpu_ctx, poisoned_output, x, ids, wts, w13, w2, layout, activation, tile_m, y_dt):
+    d13, d2 = pyquant.moe_repack(w13, w2, layout, ctx=gpu_ctx)
+    g = poisoned_output(x.shape[0], x.shape[1], y_dt, device_ctx=gpu_ctx)
+    dx, dids, dwts = (DeviceArray.from_numpy(a, gpu_ctx) for a in (x, ids, wts))
+    pyquant.moe(dx, dids, dwts, d13, d2, activation=activation, gate_up_layout=layout, tile_m=tile_m,
+                ctx=gpu_ctx, out=g.y)
+    gpu_ctx.synchronize()
+    return g.value()
+
+
+@pytest.mark.parametrize("tile_m", [16, 32, 64])
+@pytest.mark.parametrize("activation", ["swiglu_oai", "silu_glu"])
+@pytest.mark.parametrize("layout", ["interleaved", "concat"])
+@pytest.mark.parametrize("x_dt", [BF16, F16])
+def test_gpu_moe_against_reference(rng, gpu_ctx, poisoned_output, assert_close, tile_m, activation, layout, x_dt):
+    _need(gpu_ctx)
+    e, top_k, h, inter = 8, 2, 96, 32
+    for t in (1, 3, 64, 300):
+        x, ids, wts, w13, w2 = _layer(rng, t, e, top_k, h, inter, x_dt)
+        y = _run_moe(gpu_ctx, poisoned_output, x, ids, wts, w13, w2, layout, activation, tile_m, x_dt)
+        ref = reference.moe(x, ids, wts, w13.dequantize(), w2.dequantize(), np.asarray(w13.bias),
+                            np.asarray(w2.bias).astype(np.float32), activation=activation,
+                            gate_up_layout=layout, act_dtype=x_dt)
+        assert_close(y, ref, moe_bound(h, inter, x_dt, x_dt),
+                     f"gpu moe {activation} {layout} x={x_dt} tile_m={tile_m} t={t}")
+
+
+@pytest.mark.parametrize("case", ["one_expert", "gpt_oss_shape", "split_k", "fp32_out", "no_bias"])
+def test_gpu_moe_shapes(rng, gpu_ctx, poisoned_output, assert_close, case):
+    """All tokens on one expert (the others idle); GPT-OSS sizes (H = I = 2880: K not a
+    multiple of 128, many row tiles) at T = 5 with 32 experts; T = 1 with I = 1024 (stage 2's
+    grid under a wave: K split in two halves added into the workspace); fp32 y; no biases."""
+    _need(gpu_ctx)
+    e, top_k, h, inter, t, y_dt, bias = 8, 2, 128, 64, 40, BF16, True
+    if case == "gpt_oss_shape":
+        e, top_k, h, inter, t = 32, 4, 2880, 2880, 5
+    if case == "split_k":
+        e, top_k, h, inter, t = 8, 2, 256, 1024, 1
+    if case == "fp32_out":
+        y_dt = F32
+    if case == "no_bias":
+        bias = False
+    x, ids, wts, w13, w2 = _layer(rng, t, e, top_k, h, inter, BF16, bias=bias, one=case == "one_expert")
+    y = _run_moe(gpu_ctx, poisoned_output, x, ids, wts, w13, w2, "interleaved", "swiglu_oai", 16, y_dt)
+    b13 = None if not bias else np.asarray(w13.bias)
+    b2 = None if not bias else np.asarray(w2.bias).astype(np.float32)
+    ref = reference.moe(x, ids, wts, w13.dequantize(), w2.dequantize(), b13, b2, act_dtype=BF16)
+    assert_close(y, ref, moe_bound(h, inter, BF16, y_dt), f"gpu moe {case}")
+
+
+def test_gpu_stage1_writes_every_pair_row_and_nothing_else(rng, gpu_ctx, assert_close):
+    """Stage 1 alone into an act buffer with poisoned guard rows before and after: every
+    pair's row is the reference activation, the guards keep their bits."""
+    _need(gpu_ctx)
+    e, top_k, h, inter, t, tile_m, guard = 4, 2, 64, 32, 7, 16, 3
+    x, ids, _, w13, w2 = _layer(rng, t, e, top_k, h, inter, BF16)
+    d13, _ = pyquant.moe_repack(w13, w2, "interleaved", ctx=gpu_ctx)
+    ms, mt = ctypes.c_int64(), ctypes.c_int64()
+    _lib.qg_moe_align_sizes(t, top_k, e, tile_m, ctypes.byref(ms), ctypes.byref(mt))
+    s, te, n = reference.moe_align(ids, e, tile_m)
+    dx, ds, dte, dn = (DeviceArray.from_numpy(a, gpu_ctx) for a in (x, s, te, np.array([n], np.int32)))
+    poison = np.full((guard + t * top_k + guard, inter), np.nan, np.float32).astype(BF16)
+    act = DeviceArray.from_numpy(poison, gpu_ctx)
+    row_bytes = inter * 2
+    _lib.qg_moe_stage1(gpu_ctx.handle, ctypes.byref(_lib.qg_moe_stage1_args(
+        num_tokens=t, top_k=top_k, num_experts=e, tile_m=tile_m, hidden=h, intermediate=inter,
+        x_dtype=_lib.DType.QG_DTYPE_BF16, x=dx.ptr, ldx=h, sorted_ids=ds.ptr, tile_experts=dte.ptr,
+        num_sorted=dn.ptr, w13_blocks=d13.blocks.ptr, w13_scales=d13.scales.ptr, w13_bias=d13.bias.ptr,
+        bias_dtype=_lib.DType.QG_DTYPE_F32, activation=_lib.Activation.QG_ACT_SWIGLU_OAI,
+        gate_up_layout=_lib.GateUpLayout.QG_GATE_UP_INTERLEAVED, swiglu_alpha=1.702, swiglu_limit=7.0,
+        act=act.ptr + guard * row_bytes, layout=_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG)), None)
+    gpu_ctx.synchronize()
+    got = act.to_numpy()
+    assert np.isnan(got[:guard].astype(np.float32)).all() and np.isnan(got[-guard:].astype(np.float32)).all(), \
+        "stage 1 wrote outside act"
+    rows = got[guard:-guard].astype(np.float64)
+    w13d = w13.dequantize().astype(np.float64)
+    b13 = np.asarray(w13.bias).astype(np.float64)
+    want = np.empty_like(rows)
+    for p in range(t * top_k):
+        hrow = x[p // top_k].astype(np.float64) @ w13d[ids.flat[p]].T + b13[ids.flat[p]]
+        want[p] = reference.swiglu_oai(hrow[0::2], hrow[1::2])
+    assert_close(rows, want, moe_bound(h, 0, BF16, BF16), "stage 1 act rows")
+
+
+def test_gpu_moe_refuses_canonical_experts(rng, gpu_ctx):
+    """A canonical expert stack on a GPU context: UNSUPPORTED, naming qg_moe_repack."""
+    _need(gpu_ctx)
+    x, ids, wts, w13, w2 = _layer(rng, 3, 4, 2, 64, 32, BF16)
+    c13, c2 = w13.to_device(gpu_ctx, layout="canonical"), w2.to_device(gpu_ctx, layout="canonical")
+    with pytest.raises(pyquant.QuantGemmError, match="qg_moe_repack"):
+        pyquant.moe(*(DeviceArray.from_numpy(a, gpu_ctx) for a in (x, ids, wts)), c13, c2, ctx=gpu_ctx)
+
+
+def test_gpu_repack_is_the_cpu_repack(rng, gpu_ctx, assert_bitwise_equal):
+    """qg_moe_repack on the GPU writes the CPU repack's planes byte for byte."""
+    _need(gpu_ctx)
+    w = random_mxfp4(rng, (3, 80), 96, e_range=(0, 255))
+    for parts, gate_up in ((1, None), (2, "interleaved"), (2, "concat")):
+        cpu = w.moe_repack(parts, gate_up, pyquant.cpu_context())
+        gpu = w.moe_repack(parts, gate_up, gpu_ctx)
+        assert_bitwise_equal(gpu.blocks.to_numpy(), np.asarray(cpu.blocks).reshape(gpu.blocks.shape),
+                             f"blocks parts={parts} {gate_up}")
+        assert_bitwise_equal(gpu.scales.to_numpy(), np.asarray(cpu.scales).reshape(gpu.scales.shape),
+                             f"scales parts={parts} {gate_up}")
