@@ -189,22 +189,35 @@ struct PrefillSmem {
     static constexpr int SMEM = 1024 + BAR_OFF + 2 * STAGES * 8;  // + 1024: alignment slack
 };
 
-#if defined(QG_HAVE_TENSOR_MAPS)
-// prefill_wgmma<XT, BN, G, ASYM>(tmap_x, params); tmap_x: x [M, K] as a 2-D tensor map,
-// box [BN tokens, 64 k], 128-byte swizzle.
-const void* prefill_kernel(int x_type, int bn, int group_size, bool asym, int code = CODE_INT4);
+// The prefill takes the scale into its A registers ("fold", hip/w4a16_prefill.hip) where x and
+// the scales are both bf16: each weight (q - z) * s (W4A16) or e2m1 * 2^(e - 127) (MXFP4, whose
+// E8M0 scales reach the kernel as bf16 bits) is one bf16 multiply, rounded to nearest even, and
+// the wgmmas sum all of K in one accumulator set. fp16 x keeps the fp32 group scale (15 s can
+// overflow fp16 where fp32 does not); fp16 scales with bf16 x too (a bf16 copy of an fp16 scale
+// would be rounded before the product, two roundings instead of one). The launcher's plan and
+// the kernel list below both ask this.
+__host__ __device__ constexpr bool prefill_folds(int x_type, int scale_type) {
+    return x_type == ELEM_BF16 && scale_type == ELEM_BF16;
+}
 
-#define QG_W4A16_PREFILL_KERNELS(X)                                                                   \
-    X(ELEM_F16, 128, 32, true) X(ELEM_F16, 128, 64, true) X(ELEM_F16, 128, 128, true)                \
-    X(ELEM_BF16, 128, 32, true) X(ELEM_BF16, 128, 64, true) X(ELEM_BF16, 128, 128, true)             \
-    X(ELEM_F16, 128, 32, false) X(ELEM_F16, 128, 64, false) X(ELEM_F16, 128, 128, false)             \
-    X(ELEM_BF16, 128, 32, false) X(ELEM_BF16, 128, 64, false) X(ELEM_BF16, 128, 128, false)          \
-    X(ELEM_F16, 64, 32, true) X(ELEM_F16, 64, 64, true) X(ELEM_F16, 64, 128, true)                   \
-    X(ELEM_BF16, 64, 32, true) X(ELEM_BF16, 64, 64, true) X(ELEM_BF16, 64, 128, true)                \
-    X(ELEM_F16, 64, 32, false) X(ELEM_F16, 64, 64, false) X(ELEM_F16, 64, 128, false)                \
-    X(ELEM_BF16, 64, 32, false) X(ELEM_BF16, 64, 64, false) X(ELEM_BF16, 64, 128, false)
-// MXFP4 (CODE_E2M1): G = 32, no zero-points; 256-token tiles for bf16 only (the scale folded
-// into A leaves the registers of the group sum free for the larger accumulator)
+#if defined(QG_HAVE_TENSOR_MAPS)
+// prefill_wgmma<XT, BN, G, ASYM, CODE, FOLD>(tmap_x, params); tmap_x: x [M, K] as a 2-D tensor
+// map, box [BN tokens, 64 k], 128-byte swizzle. scale_type picks FOLD (prefill_folds).
+const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, bool asym, int code = CODE_INT4);
+
+// Every W4A16 prefill_wgmma instantiation, (x type, tile width, G, ASYM, FOLD), listed once:
+// fp16 x, and bf16 x with fp16 scales, on the group-sum path at 64 and 128 tokens; bf16 x with
+// bf16 scales folded, at 64, 128 and 256 tokens (the fold frees the group-sum registers for the
+// larger accumulator).
+#define QG_W4A16_PREFILL_G(X, XT, BN, ASYM, FOLD) X(XT, BN, 32, ASYM, FOLD) X(XT, BN, 64, ASYM, FOLD) X(XT, BN, 128, ASYM, FOLD)
+#define QG_W4A16_PREFILL_ZG(X, XT, BN, FOLD) QG_W4A16_PREFILL_G(X, XT, BN, true, FOLD) QG_W4A16_PREFILL_G(X, XT, BN, false, FOLD)
+#define QG_W4A16_PREFILL_KERNELS(X)                                                                             \
+    QG_W4A16_PREFILL_ZG(X, ELEM_F16, 64, false) QG_W4A16_PREFILL_ZG(X, ELEM_F16, 128, false)                    \
+    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 64, false) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 128, false)                  \
+    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 64, true) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 128, true)                    \
+    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, true)
+// MXFP4 (CODE_E2M1): G = 32, no zero-points, bf16 scales (so bf16 x folds); 256-token tiles for
+// bf16 only
 #define QG_MXFP4_PREFILL_KERNELS(X) \
     X(ELEM_F16, 128) X(ELEM_BF16, 128) X(ELEM_F16, 64) X(ELEM_BF16, 64) X(ELEM_BF16, 256)
 #endif

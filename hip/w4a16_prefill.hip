@@ -15,14 +15,23 @@
 //   - the nibbles become A registers with the exponent-bias trick (q - z exact), and four
 //     wgmma m64nBNk16 accumulate the quantization group's sum in fp32 (`grp`); at the end
 //     of a group the warpgroup waits for its wgmmas and adds scale * grp into `acc`.
-// Numerics are the decode tiers': exact (q - z), fp32 products and sums, the scale applied
-// to the fp32 group sum (one-hot x gives float(q - z) * float(s) bit for bit).
+// Numerics of that path (fp16 x; bf16 x with fp16 scales) are the decode tiers': exact (q - z),
+// fp32 products and sums, the scale applied to the fp32 group sum (one-hot x gives
+// float(q - z) * float(s) bit for bit).
 //
-// MXFP4 with bf16 x (CODE_E2M1, FOLD below) takes the scale into the A registers instead: each
-// E2M1 value times its 2^(e - 127) is exact in bf16 for every e (at most two significant bits;
-// the smallest, 2^-128, is a bf16 subnormal; overflow to inf exactly where float32 overflows),
-// so the wgmmas accumulate all of K into `acc` with no group sum, no per-group wait, and the
-// warpgroup keeps one step's wgmmas in flight while it dequantizes the next.
+// bf16 x with bf16 scales (FOLD, prefill_folds in w4a16_kernels.h) takes the scale into the A
+// registers instead: one bf16 multiply per register pair, so that each weight the wgmmas see is
+// the weight rounded once to bf16 (round to nearest even), as Marlin and Machete do:
+//   - W4A16: bf16((q - z) * s). |q - z| <= 15 (4 bits) times an 8-bit significand is exact
+//     in fp32, so this is pyquant.formats.int4.dequantize_folded, bf16(float32 weight):
+//     at most half a bf16 ulp (2^-8 relative) from the exact weight the group-sum path uses;
+//     one-hot x gives the rounded weight bit for bit. The products with x and the sums are fp32.
+//   - MXFP4 (CODE_E2M1): e2m1 * 2^(e - 127) is exact in bf16 for every e (at most two
+//     significant bits; the smallest, 2^-128, is a bf16 subnormal; overflow to inf exactly
+//     where float32 overflows): nothing is rounded.
+// Then the wgmmas accumulate all of K into `acc` with no group sum, no per-group wait, and the
+// warpgroup keeps one step's wgmmas in flight while it dequantizes the next; the registers of
+// `grp` go to a 256-token tile.
 //
 // The release rule makes the refill safe: the tile refilled at step kt is the one of step
 // kt - 2, which every group (2 steps at most, G = 128) has finished with by the end of
@@ -111,16 +120,38 @@ __device__ __forceinline__ void dequant_tile(uint32_t (&a)[4][4], const uint4& w
     }
 }
 
+// FOLD: the A registers of half h's four k16 steps times their scales, in bf16. Step j is in
+// group c = (64 h + 16 j) / G, whose word holds s[g] | s[g + 8] << 16; registers a0, a2 are row
+// g (the low scale in both halves: byte_perm 0x1010), a1, a3 row g + 8 (0x3232).
+//   G     c of steps j = 0..3 (h = 0 | h = 1)
+//   32    0 0 1 1 | 2 2 3 3
+//   64    0 0 0 0 | 1 1 1 1
+//   128   0 0 0 0 | 0 0 0 0
+template <int G, int GC>
+__device__ __forceinline__ void fold_scales(uint32_t (&a)[4][4], const uint32_t (&s)[GC], int h) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t sw = s[(64 * h + 16 * j) / G];
+        const uint32_t s_g = __byte_perm(sw, 0, 0x1010), s_g8 = __byte_perm(sw, 0, 0x3232);
+        a[j][0] = mul_bf16x2(a[j][0], s_g);
+        a[j][1] = mul_bf16x2(a[j][1], s_g8);
+        a[j][2] = mul_bf16x2(a[j][2], s_g);
+        a[j][3] = mul_bf16x2(a[j][3], s_g8);
+    }
+}
+
 }  // namespace
 #endif  // QG_HAS_WGMMA
 
-template <int XT, int BN, int G, bool ASYM, int CODE>
+// FOLD: the scale in A (file comment); the launcher passes prefill_folds(x type, scale type).
+template <int XT, int BN, int G, bool ASYM, int CODE, bool FOLD>
 __global__ void __launch_bounds__(PF_THREADS, 1)
 prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams p) {
 #if defined(QG_HAS_WGMMA)
+    static_assert(!FOLD || prefill_folds(XT, ELEM_BF16), "the fold multiplies bf16 A registers by bf16 scales");
+    static_assert(BN < 256 || FOLD, "a 256-token tile leaves no registers for the group sums");
     typedef PrefillSmem<BN> Sm;
     constexpr int GC = 128 / G;
-    constexpr bool FOLD = CODE == CODE_E2M1 && XT == ELEM_BF16;  // the scale in A (file comment)
     constexpr int STAGES = Sm::STAGES;
     constexpr int PD = STAGES - 2;  // x tiles in flight ahead of the current step
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -178,18 +209,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
             if constexpr (CODE == CODE_E2M1) {
                 const uint32_t words[4] = {cur.w[h].x, cur.w[h].y, cur.w[h].z, cur.w[h].w};
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    e2m1_word<XT>(words[j], a[h][j]);
-                    if constexpr (FOLD) {
-                        // step j is in group 2h + j/2 (G = 32); rows g (a0, a2) and g + 8 (a1, a3)
-                        const uint32_t sw = cur.s[2 * h + j / 2];
-                        const uint32_t s_g = __byte_perm(sw, 0, 0x1010), s_g8 = __byte_perm(sw, 0, 0x3232);
-                        a[h][j][0] = mul_bf16x2(a[h][j][0], s_g);
-                        a[h][j][1] = mul_bf16x2(a[h][j][1], s_g8);
-                        a[h][j][2] = mul_bf16x2(a[h][j][2], s_g);
-                        a[h][j][3] = mul_bf16x2(a[h][j][3], s_g8);
-                    }
-                }
+                for (int j = 0; j < 4; ++j) e2m1_word<XT>(words[j], a[h][j]);
             } else {
                 uint32_t nz0[4], nz1[4];
 #pragma unroll
@@ -201,6 +221,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
                 }
                 dequant_tile<XT>(a[h], cur.w[h], nz0, nz1);
             }
+            if constexpr (FOLD) fold_scales<G, GC>(a[h], cur.s, h);
             const int s = kt % STAGES;
             mbar_wait(&full[s], (kt / STAGES) & 1);
             const unsigned char* tile = smem + s * Sm::B_BYTES;
@@ -300,15 +321,17 @@ __global__ void __launch_bounds__(PF_REDUCE_THREADS) prefill_reduce(const Prefil
     }
 }
 
-const void* prefill_kernel(int x_type, int bn, int group_size, bool asym, int code) {
-#define QG_CASE(XT, BN, G, ASYM)                                                            \
-    if (code == CODE_INT4 && x_type == XT && bn == BN && group_size == G && asym == ASYM)   \
-        return reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, G, ASYM, CODE_INT4>);
+const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, bool asym, int code) {
+    const bool fold = prefill_folds(x_type, scale_type);
+#define QG_CASE(XT, BN, G, ASYM, FOLD)                                                                      \
+    if (code == CODE_INT4 && x_type == XT && bn == BN && group_size == G && asym == ASYM && fold == FOLD) \
+        return reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, G, ASYM, CODE_INT4, FOLD>);
     QG_W4A16_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
-#define QG_CASE(XT, BN)                                                                      \
-    if (code == CODE_E2M1 && x_type == XT && bn == BN && group_size == 32 && !asym)         \
-        return reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_E2M1>);
+#define QG_CASE(XT, BN)                                                                                     \
+    if (code == CODE_E2M1 && x_type == XT && bn == BN && group_size == 32 && !asym &&                       \
+        fold == prefill_folds(XT, ELEM_BF16))                                                               \
+        return reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_E2M1, prefill_folds(XT, ELEM_BF16)>);
     QG_MXFP4_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.gpu
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
-UNIT_ROUNDOFF = {F32: 2.0 ** -24, BF16: 2.0 ** -9}
+UNIT_ROUNDOFF = {F32: 2.0 ** -24, BF16: 2.0 ** -8}
 GGUF_FORMATS = registry_formats("gguf")
 SUFFIX = ":prefill_wgmma"
 

@@ -145,6 +145,63 @@ def test_dequantize_formula_asym_and_sym():
         _assert_equal(f"dequant sym {dt}", got, _expected_dequant(q, eight, s, g), seed)
 
 
+def _round_to_bf16_bits(w32):
+    """float32 -> bf16 bits, round to nearest even, by integer arithmetic on the float32 bits
+    (the device's float_to_bf16_bits in hip/elem.h; finite inputs): an independent statement
+    of the rounding that int4.dequantize_folded asks of ml_dtypes."""
+    u = np.asarray(w32, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
+@pytest.mark.parametrize("g", [32, 64, 128])
+def test_dequantize_folded_is_the_exact_weight_rounded_once_to_bf16(g, symmetric):
+    """The folded GPU prefill's weights (bf16 x, bf16 scales): bf16(float32((q - z) * s)),
+    round to nearest even, within half a bf16 ulp of the exact weight and equal to it where
+    the product fits bf16's 8 significant bits. Scales over 2^-8 .. 4 with every mantissa,
+    every q and z."""
+    rng, seed = _rng()
+    n, k = 32, 4 * g  # 128 groups
+    q, z, s = _random_case(rng, n, k, g, BF16)
+    s.reshape(-1)[:128] = (0x3F80 + np.arange(128, dtype=np.uint16)).view(BF16)  # 1 + m 2^-7, every m
+    qz = None if symmetric else int4.pack_zeros(z)
+    zz = np.full_like(z, 8) if symmetric else z
+    exact = _expected_dequant(q, zz, s, g)
+    got = int4.dequantize_folded(int4.pack_k(q), s, qz, g)
+    assert got.dtype == np.float32 and got.shape == (n, k)
+    want = (_round_to_bf16_bits(exact).astype(np.uint32) << 16).view(np.float32)
+    _assert_equal("dequantize_folded vs bf16 RNE of the exact weight", got.view(np.uint32),
+                  want.view(np.uint32), seed)
+    # Bound HALF_ULP: |got - exact| <= half an ulp of bf16 at |exact| (an ulp is 2^(e - 7) for
+    # |exact| in [2^e, 2^(e + 1))); exact where |q - z| is 0 or a power of two (the product
+    # keeps the scale's 8 significant bits).
+    e = np.floor(np.log2(np.where(exact != 0, np.abs(exact), 1.0)))
+    err = np.abs(got.astype(np.float64) - exact.astype(np.float64))
+    assert np.all(err <= 2.0 ** (e - 8)), f"more than half a bf16 ulp off (seed {seed})"
+    d = np.abs(q.astype(np.int32) - np.repeat(zz.astype(np.int32), g, axis=1))
+    pow2 = (d & (d - 1)) == 0
+    _assert_equal("exact where |q - z| is 0 or 2^i", got[pow2], exact[pow2], seed)
+    assert np.any(got[~pow2] != exact[~pow2]), f"no weight was rounded: the test is vacuous (seed {seed})"
+
+
+def test_dequantize_folded_ties_go_to_even():
+    """(q - z) * s halfway between two bf16 values goes to the even one. bf16's ulp in [2, 4)
+    is 2^-6: s = 1 + 2^-7 and q - z = 3 give 3 + 1.5 ulp -> 3 + 2 ulp = 3.03125 (up; -3 mirrors
+    it); s = 1 + 3 * 2^-7 and q - z = 3 give 3 + 4.5 ulp -> 3 + 4 ulp = 3.0625 (down). Not a
+    tie: s = 1 + 2^-7, q - z = 5 is 5 + 1.25 ulp (2^-5 in [4, 8)) -> 5 + 1 ulp = 5.03125."""
+    g = 32
+    q = np.full((8, g), 8, np.uint8)
+    q[0, :3] = (11, 5, 13)  # z = 8: q - z = 3, -3, 5
+    q[1, 0] = 11
+    s = np.full((8, 1), 1 + 2.0 ** -7, np.float32)
+    s[1, 0] = 1 + 3 * 2.0 ** -7
+    got = int4.dequantize_folded(int4.pack_k(q), s.astype(BF16), None, g)
+    assert got[0, :3].tolist() == [3.03125, -3.03125, 5.03125]
+    assert got[1, 0] == 3.0625
+    assert int4.prefill_folds(BF16, BF16) and not int4.prefill_folds(BF16, F16)
+    assert not int4.prefill_folds(F16, BF16) and not int4.prefill_folds(F16, F16)
+
+
 # ------------------------------------------------------------ importers and exporters
 
 

@@ -49,6 +49,8 @@ __all__ = [
     "AWQ_ORDER",
     "quantize",
     "dequantize",
+    "dequantize_folded",
+    "prefill_folds",
     "pack_k",
     "unpack_k",
     "pack_zeros",
@@ -316,6 +318,30 @@ def dequantize(qweight: np.ndarray, scales: np.ndarray, qzeros, group_size: int)
     z_full = np.repeat(z, g, axis=1)
     s_full = np.repeat(scales.astype(np.float32), g, axis=1)
     return (q - z_full).astype(np.float32) * s_full
+
+
+# ---------------------------------------------------------------- the GPU prefill's weights (bf16 x)
+
+
+def prefill_folds(x_dtype, scale_dtype) -> bool:
+    """True where the GPU prefill tier folds the scale into its weights: bf16 x and bf16 scales
+    (`prefill_folds` in hip/w4a16_kernels.h, which this mirrors). fp16 x, and bf16 x with fp16
+    scales, keep the exact float32 group scale of `dequantize`."""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(x_dtype) == bf16 and np.dtype(scale_dtype) == bf16
+
+
+def dequantize_folded(qweight: np.ndarray, scales: np.ndarray, qzeros, group_size: int) -> np.ndarray:
+    """The weights as the folded GPU prefill sees them (hip/w4a16_prefill.hip, FOLD): each
+    (q - z) * s rounded once to bf16, round to nearest even; float32 [N, K].
+
+    |q - z| <= 15 has at most 4 significant bits and a bf16 (or fp16) scale at most 8 (11), so
+    the float32 product of `dequantize` is exact and rounding it to bf16 is the one rounding
+    of the kernel's bf16 multiply: the result is within half a bf16 ulp (2^-8 relative) of
+    `dequantize`'s weight, and equal to it wherever (q - z) * s fits 8 significant bits (for
+    example |q - z| in {0, 1, 2, 4, 8}). The kernel folds only bf16 scales (prefill_folds)."""
+    with np.errstate(over="ignore"):  # a product past bf16's largest value is inf, as in the kernel
+        return dequantize(qweight, scales, qzeros, group_size).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
 # ---------------------------------------------------------------- AWQ

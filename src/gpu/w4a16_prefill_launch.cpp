@@ -30,7 +30,7 @@ bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
 }
 
 size_t prefill_workspace(const qg_context* ctx, const Args& a) {
-    return frag_launch::prefill_workspace(ctx, a, CODE_INT4);
+    return frag_launch::prefill_workspace(ctx, a);
 }
 qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
     return frag_launch::prefill(ctx, a, CODE_INT4, stream);
@@ -58,28 +58,29 @@ namespace {
 // Tile width, grid and split-K of one prefill call (measured on the H200: bench/NOTES.md,
 // "W4A16 prefill", "MXFP4 dense on the GPU" and "Prefill split-K"):
 //   - 64-token tiles when 128 would leave most of one empty (m <= 64) or the grid short of
-//     two waves; 256 for MXFP4 with bf16 x where the grid holds two waves of it (the scale
-//     folded into A leaves the group-sum registers free for the larger accumulator: half
-//     the dequantization per FLOP); else 128;
+//     two waves; 256 where the kernel folds the scale into A (bf16 x and bf16 scales, MXFP4 or
+//     W4A16: prefill_folds) and the grid holds two waves of it (the fold leaves the group-sum
+//     registers free for the larger accumulator: half the dequantization per FLOP); else 128;
 //   - split-K where the grid is under half a wave (narrow N with long K at small M: 32 or 42
 //     row tiles at M = 64 on 4096 x 14336 and 5376 x 21504): the splits bring it to about two
 //     waves, each at least 4 chunks (512 of K) long; the partial sums go to the workspace and
 //     prefill_reduce adds them in split order (deterministic), then the bias. Grids of half
 //     a wave and more ran slower split (112 row tiles at M = 64, 128 x 3 at M = 512).
 struct PrefillPlan {
+    bool fold = false;  // the kernel takes the scale into A (prefill_folds)
     int bn = 128, splits = 1;
     int64_t row_tiles = 0, token_tiles = 0;
 };
 
-PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code) {
+PrefillPlan prefill_plan(const qg_context* ctx, const Args& a) {
     PrefillPlan pl;
     const frag::Geometry geo(a.n, a.k, a.group_size);
     const int64_t sms = std::max(ctx->sm_count, 1);
     pl.row_tiles = ceil_div(a.n, PF_ROWS);
     const bool small_m = a.m <= 64;
     const bool few_blocks = pl.row_tiles * ceil_div(a.m, 128) < 2 * sms;
-    const bool fold = code == CODE_E2M1 && a.x_dtype == QG_DTYPE_BF16;
-    const bool wide = fold && pl.row_tiles * ceil_div(a.m, 256) >= 2 * sms;
+    pl.fold = prefill_folds(elem_type(a.x_dtype), elem_type(a.scale_dtype));
+    const bool wide = pl.fold && pl.row_tiles * ceil_div(a.m, 256) >= 2 * sms;
     pl.bn = small_m || few_blocks ? 64 : wide ? 256 : 128;
     pl.token_tiles = ceil_div(a.m, pl.bn);
     const int64_t blocks = pl.row_tiles * pl.token_tiles;
@@ -96,19 +97,20 @@ size_t partial_bytes(const PrefillPlan& pl, const Args& a) {
 
 }  // namespace
 
-size_t frag_launch::prefill_workspace(const qg_context* ctx, const Args& a, int code) {
-    return partial_bytes(prefill_plan(ctx, a, code), a);
+size_t frag_launch::prefill_workspace(const qg_context* ctx, const Args& a) {
+    return partial_bytes(prefill_plan(ctx, a), a);
 }
 
 qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, qg_stream stream) {
 #if defined(QG_HAVE_TENSOR_MAPS)
     const char* what = code == CODE_E2M1 ? "mxfp4 prefill_wgmma" : "w4a16 prefill_wgmma";
     const frag::Geometry geo(a.n, a.k, a.group_size);
-    const PrefillPlan pl = prefill_plan(ctx, a, code);
+    const PrefillPlan pl = prefill_plan(ctx, a);
     const int bn = pl.bn;
     const int x_type = elem_type(a.x_dtype);
     const bool asym = a.qzeros != nullptr;
-    const void* kernel = prefill_kernel(x_type, bn, a.group_size, asym, code);
+    const int scale_type = elem_type(a.scale_dtype);
+    const void* kernel = prefill_kernel(x_type, scale_type, bn, a.group_size, asym, code);
     const int smem = bn == 256 ? PrefillSmem<256>::SMEM : bn == 128 ? PrefillSmem<128>::SMEM : PrefillSmem<64>::SMEM;
     if (kernel == nullptr) return set_error(QG_ERR_INTERNAL, "%s: no kernel for bn=%d", what, bn);
     qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, what);
@@ -127,7 +129,7 @@ qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, q
     p.k_tiles = static_cast<int>(geo.k_tiles);
     p.k_chunks = static_cast<int>(geo.k_chunks);
     p.row_blocks = static_cast<int>(geo.row_blocks);
-    p.scale_type = elem_type(a.scale_dtype);
+    p.scale_type = scale_type;
     p.y_type = elem_type(a.y_dtype);
     p.bias = launch_util::bias_of(a);
     p.splits = pl.splits;
@@ -135,9 +137,10 @@ qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, q
     const dim3 grid(static_cast<unsigned>(pl.token_tiles), static_cast<unsigned>(pl.row_tiles),
                     static_cast<unsigned>(pl.splits));
     if (log_enabled())
-        log_once("%s m=%lld n=%lld k=%lld g=%d %s: tile 128 rows x %d tokens, grid %u x %u x %u (split-K), smem %d",
+        log_once("%s m=%lld n=%lld k=%lld g=%d %s%s: tile 128 rows x %d tokens, grid %u x %u x %u (split-K), smem %d",
                  what, static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k),
-                 a.group_size, code == CODE_E2M1 ? "e2m1" : asym ? "asym" : "sym", bn, grid.x, grid.y, grid.z, smem);
+                 a.group_size, code == CODE_E2M1 ? "e2m1" : asym ? "asym" : "sym",
+                 pl.fold ? " (scale folded into A)" : "", bn, grid.x, grid.y, grid.z, smem);
     st = launch_util::launch_with_map(kernel, grid, PF_THREADS, smem, static_cast<hipStream_t>(stream), map, p, what);
     if (st != QG_OK || pl.splits == 1) return st;
     const int64_t reduce_blocks =
