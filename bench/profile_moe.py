@@ -64,8 +64,10 @@ def layer_calls(ctx, variant, t, tile_m, rng):
             w2_scales=d2.scales.ptr, w2_bias=d2.bias.ptr, bias_dtype=bf, topk_weights=dw.ptr, y_dtype=bf,
             y=y.ptr, ldy=h, layout=frag)
         nbytes = ctypes.c_size_t()
+        _lib.qg_moe_stage1_workspace_size(ctx.handle, ctypes.byref(a1), ctypes.byref(nbytes))
+        a1.workspace, a1.workspace_bytes = ctx.workspace(nbytes.value, None, purpose="profile1")
         _lib.qg_moe_stage2_workspace_size(ctx.handle, ctypes.byref(a2), ctypes.byref(nbytes))
-        a2.workspace, a2.workspace_bytes = ctx.workspace(nbytes.value, None, purpose="profile")
+        a2.workspace, a2.workspace_bytes = ctx.workspace(nbytes.value, None, purpose="profile2")
         keep += [a0, a1, a2]
         launches.append((lambda s, a=a0: _lib.qg_moe_align(ctx.handle, ctypes.byref(a), s),
                          lambda s, a=a1: _lib.qg_moe_stage1(ctx.handle, ctypes.byref(a), s),

@@ -367,6 +367,45 @@ __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
 #endif
 }
 
+// Row r of dst = the source row of sorted slot r, for the slots in use that hold a pair; a
+// thread per 16-byte piece.
+__global__ void __launch_bounds__(GATHER_THREADS) moe_gather(const GatherParams p) {
+    const int pieces = p.k / 8;
+    const int rows = min(max(p.num_sorted[0], 0), p.max_rows);
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * GATHER_THREADS + threadIdx.x;
+    if (i >= static_cast<int64_t>(rows) * pieces) return;
+    const int r = static_cast<int>(i / pieces), c = static_cast<int>(i % pieces);
+    const int q = p.sorted_ids[r];
+    if (q < 0 || q >= p.pairs) return;
+    const uint4* src = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(q / p.row_div) * p.ld) + c;
+    reinterpret_cast<uint4*>(p.dst + static_cast<int64_t>(r) * p.k)[c] = *src;
+}
+
+// act[p, c] = activation(h[p, c] + gate bias, h[p, Ip + c] + up bias) for each slot in use
+// that holds a pair (its expert from the slot's tile), the two h values cleared.
+__global__ void __launch_bounds__(ACT_THREADS) moe_act(const ActParams p) {
+    const int rows = min(max(p.num_sorted[0], 0), p.max_rows);
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * ACT_THREADS + threadIdx.x;
+    if (i >= static_cast<int64_t>(rows) * p.inter) return;
+    const int r = static_cast<int>(i / p.inter), c = static_cast<int>(i % p.inter);
+    const int q = p.sorted_ids[r];
+    const int e = p.tile_experts[r / p.tile_m];
+    if (q < 0 || q >= p.pairs || e < 0 || e >= p.experts) return;
+    float* hg = p.h + static_cast<int64_t>(q) * p.ld_h + c;
+    float* hu = hg + p.part_rows;
+    const int64_t b0 = static_cast<int64_t>(e) * 2 * p.inter;
+    const float gate = *hg + bias_at(p.bias, b0 + (p.concat ? c : 2 * c));
+    const float up = *hu + bias_at(p.bias, b0 + (p.concat ? p.inter + c : 2 * c + 1));
+    *hg = 0.0f;
+    *hu = 0.0f;
+#if defined(QG_HAS_MMA_SYNC)
+    store_out(p.act, static_cast<int64_t>(q) * p.inter + c, glu(p.activation, gate, up, p.alpha, p.limit), p.act_type);
+#else
+    (void)gate, (void)up;
+    qg_device_trap();
+#endif
+}
+
 // y[t, h] = sum over j ascending of topk_weights[t, j] * out[t * top_k + j, h] in fp32, rounded
 // once to y's type; out is zeroed as it is read (the workspace contract).
 __global__ void __launch_bounds__(COMBINE_THREADS) moe_combine(const CombineParams p) {

@@ -94,6 +94,43 @@ const void* gemm_kernel(int x_type, int mt, int stage);
     X(ELEM_BF16, 8, 2) X(ELEM_F16, 2, 1) X(ELEM_F16, 4, 1) X(ELEM_F16, 8, 1) X(ELEM_F16, 2, 2)         \
     X(ELEM_F16, 4, 2) X(ELEM_F16, 8, 2)
 
+// ---------------------------------------------------------------- grouped wgmma path (tile_m = 64)
+// Many tokens per expert: each stage gathers its activation rows by expert tile into the
+// workspace (moe_gather), runs the W4A16 prefill kernel grouped (hip/w4a16_prefill.hip,
+// PrefillParams::tile_experts) into fp32 rows per pair, and stage 1 applies the activation
+// (moe_act), which clears those rows; the gathered rows are cleared by a memset.
+struct GatherParams {
+    const uint16_t* src;        // x [T, K] (row stride ld) or act [P, K]
+    int64_t ld;
+    int row_div;                // source row of pair p: p / row_div
+    const int32_t* sorted_ids;
+    const int32_t* num_sorted;
+    int max_rows;               // rows of dst (max_sorted)
+    int pairs;
+    int k;                      // K, a multiple of 8
+    uint16_t* dst;              // [max_rows, K]: row r = the source row of sorted_ids[r] (padding: left 0)
+};
+constexpr int GATHER_THREADS = 256;
+__global__ void moe_gather(const GatherParams p);
+
+struct ActParams {
+    float* h;                   // [P, 2 Ip] fp32: gate columns [0, I), up columns [Ip, Ip + I); cleared
+    int ld_h;                   // 2 Ip
+    int part_rows;              // Ip
+    const int32_t* sorted_ids;
+    const int32_t* tile_experts;
+    const int32_t* num_sorted;
+    int tile_m, max_rows, pairs, experts;
+    int inter;                  // I
+    BiasRef bias;               // canonical [E, 2I]
+    int concat, activation;
+    float alpha, limit;
+    void* act;                  // [P, I]
+    int act_type;
+};
+constexpr int ACT_THREADS = 256;
+__global__ void moe_act(const ActParams p);
+
 // ---------------------------------------------------------------- combine (stage 2)
 struct CombineParams {
     float* out;                // [P, H] fp32, zeroed as read

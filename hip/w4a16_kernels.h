@@ -172,6 +172,18 @@ struct PrefillParams {
     BiasRef bias;             // [N]
     int splits;               // split-K: grid.z blocks share a tile's K, chunk-aligned (1: none)
     float* partial;           // splits > 1: [splits][M][N] fp32 sums, added by prefill_reduce
+    // Grouped (MoE experts, src/gpu/moe_launch.cpp; splits = 1): x holds the tokens gathered by
+    // expert tile, token tile bx is expert tile_experts[bx]'s (BN = the tile), the weight planes
+    // are stacked by expert (expert e's row block rb is row block e * row_blocks + rb). Gathered
+    // row r goes to output row out_rows[r] (nowhere where that is < 0 or >= out_limit), column
+    // n only where n % part_rows < part_valid (an expert of parts padded to part_rows rows: gate
+    // and up), plus bias[e * bias_stride + n].
+    const int32_t* tile_experts;  // nullptr: not grouped
+    const int32_t* num_sorted;    // [1] gathered rows in use
+    const int32_t* out_rows;      // [gathered rows]
+    int out_limit, experts;
+    int part_rows, part_valid;
+    int64_t bias_stride;
 };
 constexpr int PF_THREADS = 256;
 constexpr int PF_REDUCE_THREADS = 256;

@@ -164,6 +164,11 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     const int tok0 = blockIdx.x * BN;
     const int rb = blockIdx.y * (PF_ROWS / 16) + warp;
     const bool rb_in = rb < p.row_blocks;
+    // grouped: the expert of this token tile (a tile past the rows in use, or of no expert,
+    // returns before any barrier or copy); its weight planes start e * row_blocks in
+    const int expert = p.tile_experts == nullptr ? 0 : p.tile_experts[blockIdx.x];
+    if (p.tile_experts != nullptr && (tok0 >= p.num_sorted[0] || expert < 0 || expert >= p.experts)) return;
+    const int rbw = rb + expert * p.row_blocks;
     // split-K: this block's chunks [kc0, kc0 + KC); steps, stages and parities count from kc0
     const int kc0 = static_cast<int>(static_cast<int64_t>(blockIdx.z) * p.k_chunks / p.splits);
     const int KC = static_cast<int>(static_cast<int64_t>(blockIdx.z + 1) * p.k_chunks / p.splits) - kc0;
@@ -189,8 +194,8 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
         for (int kt = 0; kt < PD && kt < KT; ++kt) issue(kt);
 
     Chunk<GC> c0, c1;
-    load_chunk<GC, ASYM>(c0, p, rb, kc0, lane, rb_in);
-    load_chunk<GC, ASYM>(c1, p, rb, kc0 + 1, lane, rb_in && 1 < KC);
+    load_chunk<GC, ASYM>(c0, p, rbw, kc0, lane, rb_in);
+    load_chunk<GC, ASYM>(c1, p, rbw, kc0 + 1, lane, rb_in && 1 < KC);
 
     WgAcc<BN> acc, grp;
 #pragma unroll
@@ -200,7 +205,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     for (int kc = 0; kc < KC; ++kc) {
         const Chunk<GC> cur = c0;
         c0 = c1;
-        load_chunk<GC, ASYM>(c1, p, rb, kc0 + kc + 2, lane, rb_in && kc + 2 < KC);
+        load_chunk<GC, ASYM>(c1, p, rbw, kc0 + kc + 2, lane, rb_in && kc + 2 < KC);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int kt = 2 * kc + h;
@@ -277,6 +282,20 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
                 const int tok = tok0 + 8 * j + 2 * t + (i & 1);
                 const int n = n0 + 8 * (i >> 1);
                 if (tok < p.m && n < p.n) part[static_cast<int64_t>(tok) * p.n + n] = acc.d[4 * j + i];
+            }
+        return;
+    }
+    if (p.tile_experts != nullptr) {  // grouped: scattered rows, the expert's bias, no padded column
+        const int64_t b0 = expert * p.bias_stride;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int row = p.out_rows[tok0 + 8 * j + 2 * t + (i & 1)];
+                const int n = n0 + 8 * (i >> 1);
+                if (row < 0 || row >= p.out_limit || n >= p.n || n % p.part_rows >= p.part_valid) continue;
+                store_out(p.y, static_cast<int64_t>(row) * p.ldy + n, acc.d[4 * j + i] + bias_at(p.bias, b0 + n),
+                          p.y_type);
             }
         return;
     }

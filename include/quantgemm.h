@@ -177,7 +177,9 @@ QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_
  * family: "w4a16", "gguf", "mxfp4" or "moe"; tier: a name that qg_build_info lists for that
  * family ("cpu", "cuda:decode_frag", ...). Unknown names are QG_ERR_INVALID_ARGUMENT; a call
  * that the forced tier cannot serve returns QG_ERR_UNSUPPORTED naming why. Setting the
- * family's numeric "*_tier" option replaces a forced name, and the other way round. */
+ * family's numeric "*_tier" option replaces a forced name, and the other way round. The "moe"
+ * family has three entry points: a forced name applies to those that have a tier of that name
+ * ("cuda:moe_mma": both stages; "cuda:moe_align": align), the others choose as under "auto". */
 QG_API qg_status qg_context_set_tier(qg_context* ctx, const char* family, const char* tier);
 
 /* ------------------------------------------------------------------ memory, streams, events */
@@ -388,7 +390,7 @@ typedef struct qg_moe_align_args {
     int64_t num_tokens;       /* T */
     int32_t top_k;
     int32_t num_experts;      /* E */
-    int32_t tile_m;           /* 16, 32 or 64 */
+    int32_t tile_m;           /* 16, 32, 64, 128 or 256 */
     const int32_t* topk_ids;  /* [T, top_k], each in [0, E) */
     int32_t* sorted_ids;      /* [max_sorted] out: pair index, or T*top_k for padding */
     int32_t* tile_experts;    /* [max_tiles]  out: expert of each tile, -1 past the end */
@@ -424,8 +426,11 @@ typedef struct qg_moe_stage1_args {
     void* act;                   /* [T*top_k, I] out, row = pair index, dense rows */
     /* format 4: */
     qg_mxfp4_layout layout;      /* of w13: canonical (CPU) or the MoE frag layout of qg_moe_repack (GPU) */
+    void* workspace;             /* qg_moe_stage1_workspace_size bytes, or NULL when that is 0 */
+    size_t workspace_bytes;
 } qg_moe_stage1_args;
 
+QG_API qg_status qg_moe_stage1_workspace_size(qg_context* ctx, const qg_moe_stage1_args* args, size_t* bytes);
 QG_API qg_status qg_moe_stage1(qg_context* ctx, const qg_moe_stage1_args* args, qg_stream stream);
 
 typedef struct qg_moe_stage2_args {
@@ -451,7 +456,7 @@ typedef struct qg_moe_stage2_args {
     int64_t ldy;
     /* format 4: */
     qg_mxfp4_layout layout;      /* of w2: canonical (CPU) or the MoE frag layout of qg_moe_repack (GPU) */
-    void* workspace;             /* qg_moe_stage2_workspace_size bytes (the GPU tier: [T*top_k, H] fp32), or NULL */
+    void* workspace;             /* qg_moe_stage2_workspace_size bytes, or NULL when that is 0 */
     size_t workspace_bytes;
 } qg_moe_stage2_args;
 

@@ -600,6 +600,7 @@ qg_moe_align = _fn("qg_moe_align",
 #     const uint8_t* w13_blocks; const uint8_t* w13_scales; const void* w13_bias;
 #     qg_dtype bias_dtype; qg_activation activation; qg_gate_up_layout gate_up_layout;
 #     float swiglu_alpha; float swiglu_limit; void* act; qg_mxfp4_layout layout;
+#     void* workspace; size_t workspace_bytes;
 # } qg_moe_stage1_args;
 class qg_moe_stage1_args(_Args):
     _fields_ = [
@@ -626,9 +627,15 @@ class qg_moe_stage1_args(_Args):
         ("swiglu_limit", ctypes.c_float),
         ("act", ctypes.c_void_p),
         ("layout", qg_mxfp4_layout),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
     ]
 
 
+# QG_API qg_status qg_moe_stage1_workspace_size(qg_context* ctx, const qg_moe_stage1_args* args, size_t* bytes);
+qg_moe_stage1_workspace_size = _fn(
+    "qg_moe_stage1_workspace_size",
+    [qg_context_p, ctypes.POINTER(qg_moe_stage1_args), ctypes.POINTER(ctypes.c_size_t)], qg_status)
 # QG_API qg_status qg_moe_stage1(qg_context* ctx, const qg_moe_stage1_args* args, qg_stream stream);
 qg_moe_stage1 = _fn("qg_moe_stage1",
                     [qg_context_p, ctypes.POINTER(qg_moe_stage1_args), qg_stream], qg_status)

@@ -32,10 +32,11 @@ from . import _lib
 from . import dlpack as _dlpack
 from . import formats as _formats
 from . import progress as _progress
+from . import tiers as _tiers_mod
 from .formats import mxfp4 as _mxfp4
 from ._lib import Activation, DType, GateUpLayout, QuantGemmError
-from .device import (Context, DeviceArray, DeviceView, _err, as_dtype, cpu_context, default_context, dtype_name,
-                     gpu_context, qg_dtype_of, stream_handle)
+from .device import (BFLOAT16, Context, DeviceArray, DeviceView, _err, as_dtype, cpu_context, default_context,
+                     dtype_name, gpu_context, qg_dtype_of, stream_handle)
 from .weights import GGUFWeight, Int4Weight, MXFP4Weight, SCALE_QG_DTYPE, _format_spec, _require_contiguous
 
 _ACT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), as_dtype("bfloat16"))
@@ -522,14 +523,27 @@ _LAYOUTS = {"interleaved": GateUpLayout.QG_GATE_UP_INTERLEAVED,
             "concat": GateUpLayout.QG_GATE_UP_CONCAT}
 
 
-def default_tile_m(num_tokens: int, top_k: int, num_experts: int) -> int:
-    """tile_m for qg_moe_align when the caller gives none."""
+def default_tile_m(num_tokens: int, top_k: int, num_experts: int, widest: int = 64) -> int:
+    """tile_m for qg_moe_align when the caller gives none, at most `widest`."""
     rows_per_expert = num_tokens * top_k / max(num_experts, 1)
     # Every expert's rows are padded up to a multiple of tile_m: with a few rows per
     # expert (decode) the smallest tile wastes least; with many, a taller tile reuses
-    # each dequantized weight tile across more rows.
-    few_rows = rows_per_expert <= 16
-    return 16 if few_rows else 32 if rows_per_expert <= 64 else 64
+    # each dequantized weight tile across more rows. 64 and up run on the GPU's grouped
+    # wgmma tier (sm_90a), whose token tiles are 64, 128 and 256 (bf16) wide (measured
+    # against the mma.sync tiles in bench/NOTES.md).
+    for tile, most_rows in ((16, 16), (32, 32), (64, 96), (128, 192)):
+        if rows_per_expert <= most_rows or tile >= widest:
+            return tile
+    return 256
+
+
+def _widest_tile(c: Context, x_dtype) -> int:
+    """The widest default tile_m on context c: 256 (bf16) or 128 where this build has the
+    grouped wgmma tier and c is a GPU context; 64 elsewhere (the CPU tier gains nothing
+    from wider tiles, the mma.sync tiles stop at 64)."""
+    if not c.is_gpu or not any(t.endswith(":moe_wgmma") for t in _tiers_mod.tiers().get("moe", [])):
+        return 64
+    return 256 if BFLOAT16 is not None and np.dtype(x_dtype) == BFLOAT16 else 128
 
 
 def _index_operand(a, name: str, dtype, kind: str, stream=None) -> DeviceView:
@@ -666,7 +680,7 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
     if yv is None:
         result = _result_array(numpy_result, tuple(lead) + (h,), y_np_dtype, c)
         yv, _ = _rows(result, "out", "H", allow_copy=False)
-    tm = int(tile_m) if tile_m is not None else default_tile_m(t, top_k, e)
+    tm = int(tile_m) if tile_m is not None else default_tile_m(t, top_k, e, _widest_tile(c, xv.dtype))
 
     max_sorted, max_tiles = ctypes.c_int64(), ctypes.c_int64()
     _lib.qg_moe_align_sizes(t, top_k, e, tm, ctypes.byref(max_sorted), ctypes.byref(max_tiles))
@@ -690,14 +704,18 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
     _lib.qg_moe_align(c.handle, ctypes.byref(_lib.qg_moe_align_args(
         num_tokens=t, top_k=top_k, num_experts=e, tile_m=tm, topk_ids=_ptr(idv),
         sorted_ids=_ptr(sv), tile_experts=_ptr(tv), num_sorted=_ptr(nv))), s)
-    _lib.qg_moe_stage1(c.handle, ctypes.byref(_lib.qg_moe_stage1_args(
+    args1 = _lib.qg_moe_stage1_args(
         num_tokens=t, top_k=top_k, num_experts=e, tile_m=tm, hidden=h, intermediate=inter,
         x_dtype=x_dt, x=_ptr(xv), ldx=_ld(xv, "x"), sorted_ids=_ptr(sv),
         tile_experts=_ptr(tv), num_sorted=_ptr(nv), w13_blocks=_ptr(w13o["w.blocks"]),
         w13_scales=_ptr(w13o["w.scales"]), w13_bias=_ptr(b13v),
         bias_dtype=qg_dtype_of(b13v.dtype) if b13v is not None else DType.QG_DTYPE_F32,
         activation=_ACTIVATIONS[activation], gate_up_layout=_LAYOUTS[gate_up_layout],
-        swiglu_alpha=alpha, swiglu_limit=limit, act=_ptr(av), layout=layout)), s)
+        swiglu_alpha=alpha, swiglu_limit=limit, act=_ptr(av), layout=layout)
+    ws_bytes = ctypes.c_size_t(0)
+    _lib.qg_moe_stage1_workspace_size(c.handle, ctypes.byref(args1), ctypes.byref(ws_bytes))
+    args1.workspace, args1.workspace_bytes = c.workspace(ws_bytes.value, s, purpose="moe.stage1")
+    _lib.qg_moe_stage1(c.handle, ctypes.byref(args1), s)
     args2 = _lib.qg_moe_stage2_args(
         num_tokens=t, top_k=top_k, num_experts=e, tile_m=tm, hidden=h, intermediate=inter,
         act_dtype=x_dt, act=_ptr(av), sorted_ids=_ptr(sv), tile_experts=_ptr(tv),

@@ -201,8 +201,8 @@ QG_ARGS_INFO(qg_gguf_gemm_args, 112, )
 QG_ARGS_INFO(qg_mxfp4_gemm_args, 120, )
 QG_ARGS_INFO(qg_mxfp4_repack_args, )
 QG_ARGS_INFO(qg_moe_align_args, )
-// qg_moe_stage1_args / qg_moe_stage2_args: 152 bytes, then `layout` (format 4; stage 2 also
-// `workspace`, `workspace_bytes`).
+// qg_moe_stage1_args / qg_moe_stage2_args: 152 bytes, then `layout`, `workspace`,
+// `workspace_bytes` (format 4).
 QG_ARGS_INFO(qg_moe_stage1_args, 152, )
 QG_ARGS_INFO(qg_moe_stage2_args, 152, )
 QG_ARGS_INFO(qg_moe_repack_args, )
@@ -491,7 +491,8 @@ qg_status check_routing_sizes(int64_t T, int32_t top_k, int32_t E, int32_t tile_
     QG_CHECK(E >= 1, "num_experts=%d must be positive", E);
     QG_CHECK(top_k >= 1, "top_k=%d is < 1", top_k);
     QG_CHECK(top_k <= E, "top_k=%d > num_experts=%d", top_k, E);
-    QG_CHECK(tile_m == 16 || tile_m == 32 || tile_m == 64, "tile_m=%d is not one of 16, 32, 64", tile_m);
+    QG_CHECK(tile_m == 16 || tile_m == 32 || tile_m == 64 || tile_m == 128 || tile_m == 256,
+             "tile_m=%d is not one of 16, 32, 64, 128, 256", tile_m);
     // pair indices and sorted slots are int32: bound T*top_k before computing with it
     QG_CHECK(T <= INT32_MAX / top_k, "num_tokens=%lld x top_k=%d pairs do not fit int32 pair indices", (ll)T, top_k);
     int64_t max_sorted, max_tiles;
@@ -527,7 +528,7 @@ qg_status check_mxfp4_layout_value(const char* name, int layout) {
     return QG_OK;
 }
 
-qg_status check_moe_stage1(const qg_moe_stage1_args& a) {
+qg_status check_moe_stage1(const qg_moe_stage1_args& a, bool pointers) {
     QG_TRY(check_routing_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m));
     QG_TRY(check_moe_dims(a.num_tokens, a.top_k, a.num_experts, a.hidden, a.intermediate));
     QG_TRY(check_mxfp4_layout_value("layout", a.layout));
@@ -546,6 +547,7 @@ qg_status check_moe_stage1(const qg_moe_stage1_args& a) {
     }
     if (a.w13_bias != nullptr)
         QG_TRY(check_dtype("bias_dtype", a.bias_dtype, kF32 | kF16 | kBF16, "MoE bias (fp32, fp16 or bf16)"));
+    if (!pointers) return QG_OK;
     QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
     QG_TRY(check_routing_ptrs(a.sorted_ids, a.tile_experts, a.num_sorted));
     QG_TRY(check_ptr(a.w13_blocks, "w13_blocks", 1, "bytes"));
@@ -599,6 +601,14 @@ void strip_pointers(qg_gguf_gemm_args* a) {
     a->ldx = round16(a->ldx);
     a->ldw = round16(a->ldw);
     a->ldy = round16(a->ldy);
+}
+void strip_pointers(qg_moe_stage1_args* a) {
+    if (a->w13_bias != nullptr) a->w13_bias = reinterpret_cast<const void*>(256);
+    a->x = nullptr;
+    a->sorted_ids = a->tile_experts = a->num_sorted = nullptr;
+    a->w13_blocks = a->w13_scales = nullptr;
+    a->act = a->workspace = nullptr;
+    a->ldx = round16(a->ldx);
 }
 void strip_pointers(qg_moe_stage2_args* a) {
     if (a->w2_bias != nullptr) a->w2_bias = reinterpret_cast<const void*>(256);
@@ -1110,7 +1120,8 @@ template <>
 struct Entry<qg_moe_stage1_args> : MoeEntry {
     static const TierTable<qg_moe_stage1_args>& table() { return qg::moe_stage1_tier_table(); }
     static int64_t rows(const qg_moe_stage1_args& a) { return a.num_tokens; }
-    static qg_status check(const qg_moe_stage1_args& a, bool) { return check_moe_stage1(a); }
+    static constexpr const char* query = "qg_moe_stage1_workspace_size";
+    static qg_status check(const qg_moe_stage1_args& a, bool pointers) { return check_moe_stage1(a, pointers); }
     static void log(const qg_moe_stage1_args& a, const char* tier, const char* reason) {
         qg::log_once("moe_stage1 tier=%s (%s) tokens=%lld hidden=%lld intermediate=%lld experts=%d top_k=%d", tier,
                      reason, (ll)a.num_tokens, (ll)a.hidden, (ll)a.intermediate, a.num_experts, a.top_k);
@@ -1136,8 +1147,16 @@ qg_status check_call_workspace(const Args& a, size_t need, const char* query) {
 }
 template <>
 qg_status check_call_workspace(const qg_moe_align_args&, size_t, const char*) { return QG_OK; }
-template <>
-qg_status check_call_workspace(const qg_moe_stage1_args&, size_t, const char*) { return QG_OK; }
+
+// The tier name forced on the entry point's family, if any; a forced MoE name serves only the
+// entry points that have a tier of that name (quantgemm.h, qg_context_set_tier).
+template <class Args>
+const char* forced_tier_of(const qg_context* ctx) {
+    typedef Entry<Args> E;
+    const char* forced = ctx->forced_tier[E::family];
+    if (forced != nullptr && E::family == qg::FAMILY_MOE && qg::find_tier(E::table(), forced) == nullptr) return nullptr;
+    return forced;
+}
 
 template <class Args>
 qg_status run_entry(const char* fn, qg_context* ctx, const Args* args, qg_stream stream) {
@@ -1151,7 +1170,7 @@ qg_status run_entry(const char* fn, qg_context* ctx, const Args* args, qg_stream
         QG_TRY(E::check(a, true));
         const Tier<Args>* tier = nullptr;
         const char* reason = "";
-        QG_TRY(qg::select_tier(ctx, E::table(), a, ctx->forced_tier[E::family], E::option(ctx), &tier, &reason));
+        QG_TRY(qg::select_tier(ctx, E::table(), a, forced_tier_of<Args>(ctx), E::option(ctx), &tier, &reason));
         QG_TRY(check_call_workspace(a, tier->workspace ? tier->workspace(ctx, a) : 0, E::query));
         if (qg::log_enabled()) E::log(a, tier->name, reason);
         return tier->launch(ctx, a, stream);
@@ -1174,7 +1193,7 @@ qg_status run_workspace_query(const char* fn, qg_context* ctx, const Args* args,
         if (E::rows(a) > 0) {
             Args probe = a;
             strip_pointers(&probe);
-            need = qg::workspace_bound(ctx, E::table(), probe, ctx->forced_tier[E::family], E::option(ctx));
+            need = qg::workspace_bound(ctx, E::table(), probe, forced_tier_of<Args>(ctx), E::option(ctx));
         }
         *bytes = need;
         return QG_OK;
@@ -1339,6 +1358,10 @@ QG_API qg_status qg_moe_align_sizes(int64_t num_tokens, int32_t top_k, int32_t n
 
 QG_API qg_status qg_moe_align(qg_context* ctx, const qg_moe_align_args* args, qg_stream stream) {
     return run_entry("qg_moe_align", ctx, args, stream);
+}
+
+QG_API qg_status qg_moe_stage1_workspace_size(qg_context* ctx, const qg_moe_stage1_args* args, size_t* bytes) {
+    return run_workspace_query("qg_moe_stage1_workspace_size", ctx, args, bytes);
 }
 
 QG_API qg_status qg_moe_stage1(qg_context* ctx, const qg_moe_stage1_args* args, qg_stream stream) {

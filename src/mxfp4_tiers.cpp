@@ -12,7 +12,9 @@
 //   align    cpu              -                     CPU contexts (src/cpu/moe.cpp)
 //            <gpu>:moe_align  -                     NVIDIA sm_80+, one block, E <= 1024
 //   stage1/2 cpu              canonical             CPU contexts
-//            <gpu>:moe_mma    MoE frag (qg_moe_repack)  NVIDIA sm_80+, mma.sync
+//            <gpu>:moe_wgmma  MoE frag (qg_moe_repack)  NVIDIA sm_90a, tile_m 64..256: the W4A16
+//                                                   prefill kernel grouped over the experts
+//            <gpu>:moe_mma    MoE frag              NVIDIA sm_80+, mma.sync expert tiles (tile_m <= 64)
 #include "tier_table.h"
 
 namespace qg {
@@ -78,9 +80,12 @@ const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp
     return nullptr;  // select_tier names every tier's reason
 }
 #if defined(QG_HAVE_GPU)
+// first usable wins (choose_first): the grouped wgmma tier where the tiles are 64 tokens
 const Tier<qg_moe_align_args>* const kAlignTiers[] = {&kAlignCpu, &gpu_moe_align_tier};
-const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu, &gpu_moe_stage1_tier};
-const Tier<qg_moe_stage2_args>* const kStage2Tiers[] = {&kStage2Cpu, &gpu_moe_stage2_tier};
+const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu, &gpu_moe_stage1_wgmma_tier,
+                                                        &gpu_moe_stage1_tier};
+const Tier<qg_moe_stage2_args>* const kStage2Tiers[] = {&kStage2Cpu, &gpu_moe_stage2_wgmma_tier,
+                                                        &gpu_moe_stage2_tier};
 #else
 const Tier<qg_moe_align_args>* const kAlignTiers[] = {&kAlignCpu};
 const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu};
@@ -94,12 +99,29 @@ const Tier<Args>* choose_first(const qg_context* ctx, const Args& a, const char*
     return first_usable(TABLE(), ctx, a);
 }
 
+// The stages: the first usable tier, with the reason it is chosen on a GPU.
+bool is_grouped_wgmma(const char* name) {  // "<gpu>:moe_wgmma"
+    const char* colon = name;
+    while (*colon != 0 && *colon != ':') ++colon;
+    return *colon == ':' && same_text(colon + 1, "moe_wgmma");
+}
+
+template <class Args, const TierTable<Args>& (*TABLE)()>
+const Tier<Args>* choose_stage(const qg_context* ctx, const Args& a, const char** reason) {
+    const Tier<Args>* t = first_usable(TABLE(), ctx, a);
+    *reason = !on_gpu(ctx) ? "CPU context"
+              : t != nullptr && is_grouped_wgmma(t->name)
+                  ? "tile_m >= 64: the W4A16 prefill kernel grouped over the expert tiles"
+                  : "tile_m < 64 or no wgmma: mma.sync expert tiles";
+    return t;
+}
+
 }  // namespace
 
-#define QG_TABLE(FN, ARGS, FAMILY, TIERS)                                                                  \
+#define QG_TABLE(FN, ARGS, FAMILY, TIERS, CHOOSE)                                                                  \
     const TierTable<ARGS>& FN() {                                                                          \
         static const TierTable<ARGS> table = {FAMILY, TIERS, sizeof(TIERS) / sizeof(TIERS[0]),             \
-                                              choose_first<ARGS, FN>};                                     \
+                                              CHOOSE<ARGS, FN>};                                           \
         return table;                                                                                      \
     }
 const TierTable<qg_mxfp4_gemm_args>& mxfp4_tier_table() {
@@ -107,9 +129,9 @@ const TierTable<qg_mxfp4_gemm_args>& mxfp4_tier_table() {
                                                         sizeof(kGemmTiers) / sizeof(kGemmTiers[0]), choose_gemm};
     return table;
 }
-QG_TABLE(moe_align_tier_table, qg_moe_align_args, "moe", kAlignTiers)
-QG_TABLE(moe_stage1_tier_table, qg_moe_stage1_args, "moe", kStage1Tiers)
-QG_TABLE(moe_stage2_tier_table, qg_moe_stage2_args, "moe", kStage2Tiers)
+QG_TABLE(moe_align_tier_table, qg_moe_align_args, "moe", kAlignTiers, choose_first)
+QG_TABLE(moe_stage1_tier_table, qg_moe_stage1_args, "moe", kStage1Tiers, choose_stage)
+QG_TABLE(moe_stage2_tier_table, qg_moe_stage2_args, "moe", kStage2Tiers, choose_stage)
 #undef QG_TABLE
 
 }  // namespace qg

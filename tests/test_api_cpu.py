@@ -383,7 +383,7 @@ def _moe_inputs(rng, t, e, top_k, h, inter, x_dtype, with_bias):
 @pytest.mark.parametrize("activation", ["swiglu_oai", "silu_glu"])
 @pytest.mark.parametrize("layout", ["interleaved", "concat"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("tile_m", [16, 32, 64])
+@pytest.mark.parametrize("tile_m", [16, 32, 64, 256])
 def test_moe_against_reference(rng, activation, layout, with_bias, tile_m, assert_close):
     e, top_k, h, inter = 6, 2, 64, 32
     for t, x_dt in ((1, BF16), (5, F16), (33, F32), (70, BF16)):
@@ -409,7 +409,10 @@ def test_moe_default_tile_m_and_int64_ids(rng, assert_close):
     ref = reference.moe(x, ids, wts, w13.dequantize(), w2.dequantize(), act_dtype=BF16)
     assert_close(y, ref, moe_bound(h, inter, BF16, BF16), "moe defaults")
     assert pyquant.api.default_tile_m(1, 4, 128) == 16
-    assert pyquant.api.default_tile_m(4096, 4, 32) == 64
+    assert pyquant.api.default_tile_m(4096, 4, 32) == 64            # capped at the CPU's widest
+    assert pyquant.api.default_tile_m(4096, 4, 32, widest=256) == 256
+    assert pyquant.api.default_tile_m(1024, 4, 32, widest=256) == 128  # 128 rows per expert
+    assert pyquant.api.default_tile_m(8, 4, 1, widest=256) == 32
 
 
 # ---------------------------------------------------------------- API surface

@@ -39,7 +39,7 @@ def routing_expect(exp, s):
     exp.bad(E < 1, "num_experts")
     exp.bad(top_k < 1, "top_k")
     exp.open(top_k > E, "top_k", "num_experts")  # distinct experts per token: not in the header
-    exp.bad(tile_m not in (16, 32, 64), "tile_m")
+    exp.bad(tile_m not in reference.TILE_M_VALUES, "tile_m")
 
 
 def topk_ids_for(rng, T, top_k, E):
@@ -54,7 +54,7 @@ def moe_base(draw):
     s = base_spec(draw)
     E = draw(st.integers(1, 6))
     s.update(T=draw(st.sampled_from([1, 2, 3, 5, 8, 12])), E=E,
-             top_k=draw(st.integers(1, min(E, 4))), tile_m=draw(st.sampled_from([16, 32, 64])),
+             top_k=draw(st.integers(1, min(E, 4))), tile_m=draw(st.sampled_from([16, 32, 64, 128])),
              huge=[], corrupt=None)
     return s
 
@@ -68,7 +68,7 @@ def routing_mutation(draw, s):
     elif what == "top_k":
         s["top_k"] = draw(st.sampled_from([0, -1, s["E"] + 1]))
     else:
-        s["tile_m"] = draw(st.sampled_from([0, 8, 48, 128, -16, 2 ** 31 - 1]))
+        s["tile_m"] = draw(st.sampled_from([0, 8, 48, 96, 512, -16, 2 ** 31 - 1]))
 
 
 @st.composite
@@ -116,7 +116,7 @@ def align_case(s):
     if s["corrupt"] is not None and ids.size:
         bad = E if s["corrupt"] == "E" else s["corrupt"]
         ids.reshape(-1)[rng.integers(ids.size)] = np.array(bad).astype(np.int32)
-    at = tile_m if tile_m in (16, 32, 64) else 16
+    at = tile_m if tile_m in reference.TILE_M_VALUES else 16
     max_sorted, max_tiles = reference.moe_align_sizes(aT, ak, aE, at)
     ptr = s["ptr"]
     a = L.qg_moe_align_args(num_tokens=T, top_k=top_k, num_experts=E, tile_m=tile_m,
@@ -325,7 +325,7 @@ def moe_dims(s, exp):
     nothing is read then), small stand-ins otherwise."""
     sane = is_sane(exp, s, ("T", "top_k", "E", "H", "I"))
     T, top_k, E, tile_m, H, I = s["T"], s["top_k"], s["E"], s["tile_m"], s["H"], s["I"]
-    tile_m = tile_m if tile_m in (16, 32, 64) else 16
+    tile_m = tile_m if tile_m in reference.TILE_M_VALUES else 16
     if sane:
         return T, max(top_k, 1), max(E, 1), tile_m, H, I
     return (small(T, 12), max(small(top_k, 6), 1), max(small(E, 6), 1), tile_m,

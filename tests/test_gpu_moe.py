@@ -7,7 +7,8 @@ tokens on one expert. The layer (align + stage 1 + stage 2, pyquant.moe on devic
 the experts in the MoE frag layout of pyquant.moe_repack): tile_m x activation x gate / up
 layout x activation dtype; T in 1, 3, 64, 300; biases; intermediate = 32 (one row block
 pair for stage 1's first thread block, whose other warps own no channel) and hidden = 96
-(stage 2's last row tile partial); stage 2's K split in two (T = 1, I = 1024); the output poisoned with guard bands, every element
+(stage 2's last row tile partial); stage 2's K split in two (T = 1, I = 1024); tile_m = 64 on
+the grouped wgmma tier and on the mma.sync tiles, each forced by name; the output poisoned with guard bands, every element
 compared (normalised error under a named bound, no fraction escape). Stage 1 alone writes
 every pair's row of act and nothing outside it (guard rows poisoned).
 """
@@ -131,6 +132,33 @@ def test_gpu_moe_shapes(rng, gpu_ctx, poisoned_output, assert_close, case):
     b2 = None if not bias else np.asarray(w2.bias).astype(np.float32)
     ref = reference.moe(x, ids, wts, w13.dequantize(), w2.dequantize(), b13, b2, act_dtype=BF16)
     assert_close(y, ref, moe_bound(h, inter, BF16, y_dt), f"gpu moe {case}")
+
+
+@pytest.mark.parametrize("tier", ["moe_wgmma", "moe_mma"])
+def test_gpu_moe_tiers_by_name_at_tile_64(rng, gpu_ctx, poisoned_output, assert_close, tier):
+    """tile_m = 64 runs on the grouped wgmma tier under auto (sm_90a); each stage tier forced
+    by name in turn (the mma.sync tiles serve 64 as well), against the reference: T = 300 and 5
+    (tiles mostly empty), 16 experts, K not a multiple of 128 in both stages."""
+    _need(gpu_ctx)
+    name = next((t for t in tiers.tiers().get("moe", []) if t.endswith(f":{tier}")), None)
+    if name is None:
+        pytest.skip(f"no {tier} tier in this build: {pyquant.build_info()}")
+    e, top_k, h, inter = 16, 4, 352, 160
+    gpu_ctx.set_tier("moe", name)
+    try:
+        for t in (300, 5):
+            x, ids, wts, w13, w2 = _layer(rng, t, e, top_k, h, inter, BF16)
+            try:
+                y = _run_moe(gpu_ctx, poisoned_output, x, ids, wts, w13, w2, "concat", "swiglu_oai", 64, BF16)
+            except pyquant.QuantGemmError as err:
+                if tier == "moe_wgmma" and "sm_90" in str(err):
+                    pytest.skip(f"no wgmma here: {err}")
+                raise
+            ref = reference.moe(x, ids, wts, w13.dequantize(), w2.dequantize(), np.asarray(w13.bias),
+                                np.asarray(w2.bias).astype(np.float32), gate_up_layout="concat", act_dtype=BF16)
+            assert_close(y, ref, moe_bound(h, inter, BF16, BF16), f"gpu moe {name} t={t}")
+    finally:
+        gpu_ctx.set_tier("moe", "auto")
 
 
 def test_gpu_stage1_writes_every_pair_row_and_nothing_else(rng, gpu_ctx, assert_close):

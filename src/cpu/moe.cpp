@@ -17,7 +17,7 @@ namespace qg {
 
 namespace {
 
-constexpr int MAX_TILE_M = 64;
+constexpr int MAX_TILE_M = 256;
 
 // The routing tables come from qg_moe_align, or from the caller: check them before any
 // output is written. Returns the number of tiles in use.

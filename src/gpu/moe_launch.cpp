@@ -1,5 +1,6 @@
-// MXFP4 MoE GPU tiers (hip/moe.hip): the table entries of align, stage 1 and stage 2, and the
-// device side of qg_moe_repack. NVIDIA sm_80+ (mma.sync); the stages read the MoE frag layout
+// MXFP4 MoE GPU tiers (hip/moe.hip): the table entries of align, stage 1 and stage 2 (mma.sync
+// expert tiles, sm_80+; and, for tiles of 64 tokens on sm_90a, the W4A16 prefill kernel grouped
+// over the experts), and the device side of qg_moe_repack. The stages read the MoE frag layout
 // only (a canonical expert stack on the GPU would be repacked on every call: more than a GB for
 // GPT-OSS-120b, so the tier refuses it and names qg_moe_repack). Arguments were validated by
 // src/api.cpp; the routing tables are device data, which the kernels never trust (hip/moe.hip).
@@ -14,6 +15,7 @@
 #include "moe_sizes.h"
 #include "tier_table.h"
 #include "w4a16_kernels.h"
+#include "wgmma_gate.h"
 
 namespace qg {
 namespace {
@@ -139,8 +141,15 @@ qg_status align_launch(const qg_context* ctx, const qg_moe_align_args& a, qg_str
 
 // ---------------------------------------------------------------- stage 1
 
+// The mma.sync expert tiles hold at most 64 tokens (8 column tiles of 8).
+bool mma_tile(int32_t tile_m, const char** why) {
+    if (tile_m <= 64) return true;
+    *why = "holds at most 64 tokens a tile (tile_m 128 and 256 run on moe_wgmma)";
+    return false;
+}
+
 bool stage1_usable(const qg_context* ctx, const qg_moe_stage1_args& a, const char** why) {
-    return stage_usable(ctx, a.layout, a.x_dtype, a.x, a.ldx, why);
+    return stage_usable(ctx, a.layout, a.x_dtype, a.x, a.ldx, why) && mma_tile(a.tile_m, why);
 }
 
 qg_status stage1_launch(const qg_context* ctx, const qg_moe_stage1_args& a, qg_stream stream) {
@@ -158,13 +167,29 @@ qg_status stage1_launch(const qg_context* ctx, const qg_moe_stage1_args& a, qg_s
 
 // ---------------------------------------------------------------- stage 2
 
+// y = the top-k sum of the fp32 pair rows `out` (moe_combine), which clears them.
+qg_status combine(const qg_moe_stage2_args& a, float* out, qg_stream stream) {
+    moe::CombineParams q{};
+    q.out = out;
+    q.topk_weights = a.topk_weights;
+    q.y = a.y;
+    q.ldy = a.ldy;
+    q.tokens = static_cast<int>(a.num_tokens);
+    q.top_k = a.top_k;
+    q.hidden = static_cast<int>(a.hidden);
+    q.y_type = elem_type(a.y_dtype);
+    const int64_t sum_blocks = ceil_div(a.num_tokens * a.hidden, moe::COMBINE_THREADS);
+    return launch_util::launch(reinterpret_cast<const void*>(&moe::moe_combine), dim3(static_cast<unsigned>(sum_blocks)),
+                               moe::COMBINE_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe combine");
+}
+
 size_t stage2_workspace(const qg_context*, const qg_moe_stage2_args& a) {
     const size_t bytes = static_cast<size_t>(a.num_tokens * a.top_k) * static_cast<size_t>(a.hidden) * sizeof(float);
     return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
 }
 
 bool stage2_usable(const qg_context* ctx, const qg_moe_stage2_args& a, const char** why) {
-    return stage_usable(ctx, a.layout, a.act_dtype, a.act, a.intermediate, why);
+    return stage_usable(ctx, a.layout, a.act_dtype, a.act, a.intermediate, why) && mma_tile(a.tile_m, why);
 }
 
 qg_status stage2_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_stream stream) {
@@ -179,18 +204,202 @@ qg_status stage2_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_s
     if (blocks < std::max(ctx->sm_count, 1) && c.p.k_chunks >= kMinSplitChunks) c.splits = 2;
     qg_status st = launch_gemm(ctx, c, a.act_dtype, stream, "moe stage2");
     if (st != QG_OK) return st;
-    moe::CombineParams q{};
-    q.out = static_cast<float*>(a.workspace);
-    q.topk_weights = a.topk_weights;
-    q.y = a.y;
-    q.ldy = a.ldy;
-    q.tokens = static_cast<int>(a.num_tokens);
-    q.top_k = a.top_k;
-    q.hidden = static_cast<int>(a.hidden);
-    q.y_type = elem_type(a.y_dtype);
-    const int64_t blocks = ceil_div(a.num_tokens * a.hidden, moe::COMBINE_THREADS);
-    return launch_util::launch(reinterpret_cast<const void*>(&moe::moe_combine), dim3(static_cast<unsigned>(blocks)),
-                               moe::COMBINE_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe combine");
+    return combine(a, static_cast<float*>(a.workspace), stream);
+}
+
+
+// ---------------------------------------------------------------- grouped wgmma (tile_m 64..256)
+//
+// Stage s: gather the activation rows by expert tile into the workspace (an expert tile = one
+// token tile of the W4A16 prefill kernel, hip/w4a16_prefill.hip), the prefill grouped over
+// the experts' planes into fp32 rows per pair, then stage 1's activation (clearing those rows)
+// or stage 2's top-k sum (moe_combine, clearing them too), and the gathered rows cleared.
+
+// The prefill kernel of a token tile of tile_m (nullptr where none is built: 64 and 128 for
+// both activation types, 256 for bf16).
+const void* grouped_kernel(qg_dtype x_dtype, int32_t tile_m) {
+#if defined(QG_HAVE_TENSOR_MAPS)
+    if (tile_m != 64 && tile_m != 128 && tile_m != 256) return nullptr;
+    return w4a16::prefill_kernel(elem_type(x_dtype), ELEM_BF16, tile_m, kGroup, false, w4a16::CODE_E2M1);
+#else
+    (void)x_dtype, (void)tile_m;
+    return nullptr;
+#endif
+}
+
+size_t ws_align(size_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+// The workspace of a grouped stage: gathered rows [max_sorted, K] (16-bit), then fp32 rows
+// [P, out_cols] per pair.
+struct GroupedWs {
+    size_t gathered = 0, rows = 0;
+    GroupedWs(int64_t T, int32_t top_k, int32_t E, int32_t tile_m, int64_t k, int64_t out_cols) {
+        int64_t max_sorted = 0, max_tiles = 0;
+        moe_align_sizes(T, top_k, E, tile_m, &max_sorted, &max_tiles);
+        gathered = ws_align(static_cast<size_t>(max_sorted) * static_cast<size_t>(k) * 2);
+        rows = ws_align(static_cast<size_t>(T * top_k) * static_cast<size_t>(out_cols) * sizeof(float));
+    }
+    size_t bytes() const { return gathered + rows; }
+};
+
+int64_t padded_rows(int64_t rows) { return frag::padded_n(rows); }
+
+bool grouped_usable(const qg_context* ctx, int32_t tile_m, qg_mxfp4_layout layout, qg_dtype x_dtype, const void* x,
+                    int64_t ldx, const char** why) {
+    if (!stage_usable(ctx, layout, x_dtype, x, ldx, why)) return false;
+    if (!wgmma_tier_usable(ctx, nullptr, 8, why)) return false;  // the gathered rows are the workspace's
+    if (grouped_kernel(x_dtype, tile_m) == nullptr) {
+        *why = "runs an expert tile as one wgmma token tile: tile_m 64 or 128 (256 for bf16)";
+        return false;
+    }
+    return true;
+}
+
+#if defined(QG_HAVE_TENSOR_MAPS)
+// The grouped prefill of one stage: gathered rows in ws (max_sorted x k), fp32 output rows
+// [P, n_out] (row stride ld_out) at out; weights: each expert `parts` parts of part_rows rows.
+qg_status launch_grouped(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype, const uint16_t* gathered,
+                         int64_t max_sorted, int parts, int part_valid, float* out, int64_t ld_out,
+                         const BiasRef& bias, int64_t bias_stride, qg_stream stream, const char* what) {
+    using namespace w4a16;
+    const int x_type = elem_type(x_dtype);
+    const int bn = c.p.tile_m;
+    const void* kernel = grouped_kernel(x_dtype, bn);
+    const int smem = bn == 256 ? PrefillSmem<256>::SMEM : bn == 128 ? PrefillSmem<128>::SMEM : PrefillSmem<64>::SMEM;
+    qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, what);
+    if (st != QG_OK) return st;
+    qg_tensor_map map;
+    st = launch_util::encode_x_map(gathered, max_sorted, c.p.k, c.p.k, x_dtype, bn, &map, what);
+    if (st != QG_OK) return st;
+    const int row_blocks = parts * c.p.part_blocks;
+    PrefillParams p{};
+    p.qweight = c.p.qweight;
+    p.scales = c.p.scales;
+    p.y = out;
+    p.ldy = ld_out;
+    p.m = static_cast<int>(max_sorted);
+    p.n = row_blocks * 16;
+    p.k_tiles = 2 * c.p.k_chunks;
+    p.k_chunks = c.p.k_chunks;
+    p.row_blocks = row_blocks;
+    p.scale_type = ELEM_BF16;
+    p.y_type = ELEM_F32;
+    p.bias = bias;
+    p.splits = 1;
+    p.tile_experts = c.p.tile_experts;
+    p.num_sorted = c.p.num_sorted;
+    p.out_rows = c.p.sorted_ids;
+    p.out_limit = c.p.pairs;
+    p.experts = c.p.experts;
+    p.part_rows = c.p.part_blocks * 16;
+    p.part_valid = part_valid;
+    p.bias_stride = bias_stride;
+    const dim3 grid(static_cast<unsigned>(c.p.max_tiles), static_cast<unsigned>(ceil_div(row_blocks, PF_ROWS / 16)));
+    if (log_enabled())
+        log_once("%s: grouped prefill_wgmma, expert tiles of %d tokens, grid %u x %u (token tiles x row tiles), smem %d",
+                 what, bn, grid.x, grid.y, smem);
+    return launch_util::launch_with_map(kernel, grid, PF_THREADS, smem, static_cast<hipStream_t>(stream), map, p, what);
+}
+
+qg_status gather(const GemmCall& c, const void* src, int64_t ld, int row_div, int64_t max_sorted, uint16_t* dst,
+                 qg_stream stream, const char* what) {
+    moe::GatherParams g{};
+    g.src = static_cast<const uint16_t*>(src);
+    g.ld = ld;
+    g.row_div = row_div;
+    g.sorted_ids = c.p.sorted_ids;
+    g.num_sorted = c.p.num_sorted;
+    g.max_rows = static_cast<int>(max_sorted);
+    g.pairs = c.p.pairs;
+    g.k = c.p.k;
+    g.dst = dst;
+    const int64_t blocks = ceil_div(max_sorted * (c.p.k / 8), moe::GATHER_THREADS);
+    return launch_util::launch(reinterpret_cast<const void*>(&moe::moe_gather), dim3(static_cast<unsigned>(blocks)),
+                               moe::GATHER_THREADS, 0, static_cast<hipStream_t>(stream), g, what);
+}
+#endif
+
+size_t stage1_grouped_workspace(const qg_context*, const qg_moe_stage1_args& a) {
+    return GroupedWs(a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden, 2 * padded_rows(a.intermediate)).bytes();
+}
+
+bool stage1_grouped_usable(const qg_context* ctx, const qg_moe_stage1_args& a, const char** why) {
+    return grouped_usable(ctx, a.tile_m, a.layout, a.x_dtype, a.x, a.ldx, why);
+}
+
+qg_status stage1_grouped_launch(const qg_context* ctx, const qg_moe_stage1_args& a, qg_stream stream) {
+#if defined(QG_HAVE_TENSOR_MAPS)
+    const GemmCall c = gemm_call(moe::STAGE_GATE_UP, a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.intermediate,
+                                 a.hidden, a.x_dtype, a.x, a.ldx, a.sorted_ids, a.tile_experts, a.num_sorted,
+                                 a.w13_blocks, a.w13_scales, a.w13_bias, a.bias_dtype);
+    const GroupedWs ws(a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden, 2 * padded_rows(a.intermediate));
+    const int64_t max_sorted = static_cast<int64_t>(c.p.max_tiles) * a.tile_m;
+    uint16_t* gathered = static_cast<uint16_t*>(a.workspace);
+    float* h = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + ws.gathered);
+    const int64_t ld_h = 2 * padded_rows(a.intermediate);
+    qg_status st = gather(c, a.x, a.ldx, a.top_k, max_sorted, gathered, stream, "moe stage1 gather");
+    if (st == QG_OK)
+        st = launch_grouped(ctx, c, a.x_dtype, gathered, max_sorted, 2, static_cast<int>(a.intermediate), h, ld_h,
+                            BiasRef{nullptr, ELEM_F32}, 0, stream, "moe stage1");
+    if (st != QG_OK) return st;
+    moe::ActParams q{};
+    q.h = h;
+    q.ld_h = static_cast<int>(ld_h);
+    q.part_rows = static_cast<int>(padded_rows(a.intermediate));
+    q.sorted_ids = a.sorted_ids;
+    q.tile_experts = a.tile_experts;
+    q.num_sorted = a.num_sorted;
+    q.tile_m = a.tile_m;
+    q.max_rows = static_cast<int>(max_sorted);
+    q.pairs = c.p.pairs;
+    q.experts = a.num_experts;
+    q.inter = static_cast<int>(a.intermediate);
+    q.bias = c.p.bias;
+    q.concat = a.gate_up_layout == QG_GATE_UP_CONCAT;
+    q.activation = a.activation;
+    q.alpha = a.swiglu_alpha;
+    q.limit = a.swiglu_limit;
+    q.act = a.act;
+    q.act_type = elem_type(a.x_dtype);
+    st = launch_util::launch(reinterpret_cast<const void*>(&moe::moe_act),
+                             dim3(static_cast<unsigned>(ceil_div(max_sorted * a.intermediate, moe::ACT_THREADS))),
+                             moe::ACT_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe stage1 activation");
+    if (st != QG_OK) return st;
+    return gpu_memset(ctx, gathered, 0, ws.gathered, stream);
+#else
+    (void)ctx, (void)a, (void)stream;
+    return set_error(QG_ERR_INTERNAL, "unreachable: grouped prefill without tensor maps");
+#endif
+}
+
+size_t stage2_grouped_workspace(const qg_context*, const qg_moe_stage2_args& a) {
+    return GroupedWs(a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.intermediate, a.hidden).bytes();
+}
+
+bool stage2_grouped_usable(const qg_context* ctx, const qg_moe_stage2_args& a, const char** why) {
+    return grouped_usable(ctx, a.tile_m, a.layout, a.act_dtype, a.act, a.intermediate, why);
+}
+
+qg_status stage2_grouped_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_stream stream) {
+#if defined(QG_HAVE_TENSOR_MAPS)
+    const GemmCall c = gemm_call(moe::STAGE_DOWN, a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden,
+                                 a.intermediate, a.act_dtype, a.act, a.intermediate, a.sorted_ids, a.tile_experts,
+                                 a.num_sorted, a.w2_blocks, a.w2_scales, a.w2_bias, a.bias_dtype);
+    const GroupedWs ws(a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.intermediate, a.hidden);
+    const int64_t max_sorted = static_cast<int64_t>(c.p.max_tiles) * a.tile_m;
+    uint16_t* gathered = static_cast<uint16_t*>(a.workspace);
+    float* out = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + ws.gathered);
+    qg_status st = gather(c, a.act, a.intermediate, 1, max_sorted, gathered, stream, "moe stage2 gather");
+    if (st == QG_OK)
+        st = launch_grouped(ctx, c, a.act_dtype, gathered, max_sorted, 1, static_cast<int>(a.hidden), out, a.hidden,
+                            c.p.bias, a.hidden, stream, "moe stage2");
+    if (st == QG_OK) st = gpu_memset(ctx, gathered, 0, ws.gathered, stream);
+    if (st != QG_OK) return st;
+    return combine(a, out, stream);
+#else
+    (void)ctx, (void)a, (void)stream;
+    return set_error(QG_ERR_INTERNAL, "unreachable: grouped prefill without tensor maps");
+#endif
 }
 
 }  // namespace
@@ -201,6 +410,10 @@ const Tier<qg_moe_stage1_args> gpu_moe_stage1_tier = {QG_GPU_RUNTIME_NAME ":moe_
                                                       stage1_launch};
 const Tier<qg_moe_stage2_args> gpu_moe_stage2_tier = {QG_GPU_RUNTIME_NAME ":moe_mma", 0, stage2_usable,
                                                       stage2_workspace, stage2_launch};
+const Tier<qg_moe_stage1_args> gpu_moe_stage1_wgmma_tier = {QG_GPU_RUNTIME_NAME ":moe_wgmma", 0, stage1_grouped_usable,
+                                                            stage1_grouped_workspace, stage1_grouped_launch};
+const Tier<qg_moe_stage2_args> gpu_moe_stage2_wgmma_tier = {QG_GPU_RUNTIME_NAME ":moe_wgmma", 0, stage2_grouped_usable,
+                                                            stage2_grouped_workspace, stage2_grouped_launch};
 
 // Each part of each expert through the MXFP4 repack kernels, its canonical rows picked by
 // the source offset and row step (moe_part_rows, src/tiers.h).
