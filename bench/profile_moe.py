@@ -27,7 +27,7 @@ def layer_calls(ctx, variant, t, tile_m, rng):
     operands and argument structs built once; and the mean bytes of the experts hit."""
     mo = C.MOE_MODELS[variant]
     e, k, h, i = mo.experts, mo.top_k, mo.hidden, mo.intermediate
-    tm = tile_m or default_tile_m(t, k, e)
+    tm = tile_m or default_tile_m(t, k, e, widest=256)  # bf16 on a build with the grouped tier
     w13 = pyquant.from_mxfp4(rng.integers(0, 256, (e, 2 * i, h // 32, 16), dtype=np.uint8),
                              rng.integers(118, 128, (e, 2 * i, h // 32), dtype=np.uint8),
                              rng.uniform(-0.1, 0.1, (e, 2 * i)).astype(BF16))

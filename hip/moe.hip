@@ -10,7 +10,7 @@
 // moe_gemm, one thread block per (128 weight rows, expert tile of tile_m tokens): the tile's
 // tokens are gathered into a shared x chunk [tile_m, 128] by cp.async (a ring of
 // GEMM_X_STAGES, zero rows for padding slots), each lane's frag pieces of its warp's two row
-// blocks come global -> registers gemm_chunks_ahead chunks ahead (decode_frag's pipeline), and mma.sync
+// blocks come global -> registers two chunks ahead (decode_frag's pipeline), and mma.sync
 // m16n8k16 runs only over the 8-token column tiles that hold a real pair (T = 1: one of them).
 // bf16 x takes the E8M0 scale into the A registers (E2M1 value x 2^(e - 127) is exact in bf16:
 // the prefill's FOLD, hip/w4a16_prefill.hip), fp16 x sums each group of 32 in fp32 and scales
@@ -158,7 +158,6 @@ template <int XT, int MT, int STAGE>
 __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
 #if defined(QG_HAS_MMA_SYNC)
     constexpr bool FOLD = XT == ELEM_BF16;
-    constexpr int AHEAD = gemm_chunks_ahead(MT);
     constexpr int TM = MT * 8;
     constexpr int X_BYTES = TM * GEMM_XS_STRIDE * 2;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -167,7 +166,7 @@ __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    // split-K (stage 2 only, gridDim.z = 2): this block's chunks [kc0, kc0 + KC) of the KC_ALL
+    // split-K (gridDim.z splits): this block's chunks [kc0, kc0 + KC) of the KC_ALL
     const int KC_ALL = p.k_chunks;
     const int64_t KT = 2 * static_cast<int64_t>(KC_ALL);
     const int kc0 = static_cast<int>(blockIdx.z) * KC_ALL / static_cast<int>(gridDim.z);
@@ -253,16 +252,9 @@ __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
             if (s < KC) load_x(s, s);
             cp_async_commit();
         }
-        // AHEAD register sets, named (an array of them, indexed in an unrolled loop, cost fp16
-        // x's kernels 50 registers and spills in ptxas)
-        static_assert(AHEAD == 2 || AHEAD == 4, "two or four chunks ahead");
-        ChunkRegs r0, r1, r2, r3;
-        load_chunk(r0, 0);
-        load_chunk(r1, 1);
-        if constexpr (AHEAD == 4) {
-            load_chunk(r2, 2);
-            load_chunk(r3, 3);
-        }
+        ChunkRegs ra, rb;  // two named register sets (an indexed array cost fp16 x 50 registers)
+        load_chunk(ra, 0);
+        load_chunk(rb, 1);
 
         auto run_chunk = [&](int kc, ChunkRegs& d) {
             cp_async_wait<GEMM_X_STAGES - 2>();
@@ -316,15 +308,11 @@ __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
                     }
                 }
             }
-            load_chunk(d, kc + AHEAD);  // the registers of chunk kc are spent
+            load_chunk(d, kc + 2);  // the registers of chunk kc are spent
         };
-        for (int kc = 0; kc < KC; kc += AHEAD) {
-            run_chunk(kc, r0);
-            if (kc + 1 < KC) run_chunk(kc + 1, r1);
-            if constexpr (AHEAD == 4) {
-                if (kc + 2 < KC) run_chunk(kc + 2, r2);
-                if (kc + 3 < KC) run_chunk(kc + 3, r3);
-            }
+        for (int kc = 0; kc < KC; kc += 2) {
+            run_chunk(kc, ra);
+            if (kc + 1 < KC) run_chunk(kc + 1, rb);
         }
         cp_async_wait<0>();
 
@@ -339,6 +327,12 @@ __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
                 if constexpr (STAGE == STAGE_GATE_UP) {
                     const int c = j * 16 + row;  // channel
                     if (!in[0] || c >= p.rows) continue;
+                    if (gridDim.z > 1) {  // split-K: this split's gate and up sums; moe_act finishes
+                        float* hq = p.part + blockIdx.z * p.plane + static_cast<int64_t>(q) * p.ld_part + c;
+                        hq[0] = acc[0][mt][i];
+                        hq[p.part_rows] = acc[1][mt][i];
+                        continue;
+                    }
                     const int64_t b0 = static_cast<int64_t>(e) * 2 * p.rows;
                     const float gate = acc[0][mt][i] + bias_at(p.bias, b0 + (p.concat ? c : 2 * c));
                     const float up = acc[1][mt][i] + bias_at(p.bias, b0 + (p.concat ? p.rows + c : 2 * c + 1));
@@ -349,15 +343,9 @@ __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
                     for (int r = 0; r < 2; ++r) {
                         const int n = (j + r) * 16 + row;
                         if (!in[r] || n >= p.rows) continue;
-                        float* o = p.out + static_cast<int64_t>(q) * p.rows + n;
-                        if (gridDim.z == 1) {
-                            *o = acc[r][mt][i] + bias_at(p.bias, static_cast<int64_t>(e) * p.rows + n);
-                        } else {
-                            // two halves of K into the zeroed workspace: 0 + a + b is a + b in
-                            // either order, so the sum does not depend on which half lands first
-                            const float b = blockIdx.z == 0 ? bias_at(p.bias, static_cast<int64_t>(e) * p.rows + n) : 0.0f;
-                            atomicAdd(o, acc[r][mt][i] + b);
-                        }
+                        // split z > 0 of a split K adds no bias (moe_combine adds the planes in order)
+                        const float b = blockIdx.z == 0 ? bias_at(p.bias, static_cast<int64_t>(e) * p.rows + n) : 0.0f;
+                        p.out[blockIdx.z * p.plane + static_cast<int64_t>(q) * p.rows + n] = acc[r][mt][i] + b;
                     }
                 }
             }
@@ -391,13 +379,17 @@ __global__ void __launch_bounds__(ACT_THREADS) moe_act(const ActParams p) {
     const int q = p.sorted_ids[r];
     const int e = p.tile_experts[r / p.tile_m];
     if (q < 0 || q >= p.pairs || e < 0 || e >= p.experts) return;
-    float* hg = p.h + static_cast<int64_t>(q) * p.ld_h + c;
-    float* hu = hg + p.part_rows;
+    float gate = 0.0f, up = 0.0f;
+    for (int z = 0; z < p.splits; ++z) {  // the splits' sums in order (one plane: the sum itself)
+        float* hg = p.h + z * p.plane + static_cast<int64_t>(q) * p.ld_h + c;
+        gate = z == 0 ? *hg : gate + *hg;
+        up = z == 0 ? hg[p.part_rows] : up + hg[p.part_rows];
+        hg[0] = 0.0f;
+        hg[p.part_rows] = 0.0f;
+    }
     const int64_t b0 = static_cast<int64_t>(e) * 2 * p.inter;
-    const float gate = *hg + bias_at(p.bias, b0 + (p.concat ? c : 2 * c));
-    const float up = *hu + bias_at(p.bias, b0 + (p.concat ? p.inter + c : 2 * c + 1));
-    *hg = 0.0f;
-    *hu = 0.0f;
+    gate += bias_at(p.bias, b0 + (p.concat ? c : 2 * c));
+    up += bias_at(p.bias, b0 + (p.concat ? p.inter + c : 2 * c + 1));
 #if defined(QG_HAS_MMA_SYNC)
     store_out(p.act, static_cast<int64_t>(q) * p.inter + c, glu(p.activation, gate, up, p.alpha, p.limit), p.act_type);
 #else
@@ -406,8 +398,9 @@ __global__ void __launch_bounds__(ACT_THREADS) moe_act(const ActParams p) {
 #endif
 }
 
-// y[t, h] = sum over j ascending of topk_weights[t, j] * out[t * top_k + j, h] in fp32, rounded
-// once to y's type; out is zeroed as it is read (the workspace contract).
+// y[t, h] = sum over j ascending of topk_weights[t, j] * out[t * top_k + j, h] in fp32 (out: the
+// sum of the split planes in order), rounded once to y's type; out is zeroed as it is read (the
+// workspace contract).
 __global__ void __launch_bounds__(COMBINE_THREADS) moe_combine(const CombineParams p) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * COMBINE_THREADS + threadIdx.x;
     if (i >= static_cast<int64_t>(p.tokens) * p.hidden) return;
@@ -415,9 +408,13 @@ __global__ void __launch_bounds__(COMBINE_THREADS) moe_combine(const CombinePara
     float s = 0.0f;
     for (int jj = 0; jj < p.top_k; ++jj) {
         const int64_t pair = tok * p.top_k + jj;
-        float* o = p.out + pair * p.hidden + h;
-        s += p.topk_weights[pair] * *o;
-        *o = 0.0f;
+        float v = 0.0f;
+        for (int z = 0; z < p.splits; ++z) {  // the splits' sums in order
+            float* o = p.out + z * p.plane + pair * p.hidden + h;
+            v = z == 0 ? *o : v + *o;
+            *o = 0.0f;
+        }
+        s += p.topk_weights[pair] * v;
     }
     store_out(p.y, tok * p.ldy + h, s, p.y_type);
 }

@@ -67,21 +67,23 @@ struct GemmParams {
     float alpha, limit;
     // stage 2: out[p, n] = sum + b, fp32 (the workspace; moe_combine reads and clears it)
     float* out;
+    // split-K (gridDim.z = splits > 1): split z writes its fp32 sums into plane z of `part`
+    // (planes of `plane` floats, row q at q * ld_part: stage 1 gate at c, up at part_rows + c;
+    // stage 2 n, its bias in plane 0), which moe_act / moe_combine add in split order
+    float* part;
+    int64_t plane;
+    int ld_part, part_rows;
 };
 
 // Thread block: 4 warps, each two row blocks (stage 1: gate and up of one block of 16
 // channels, so a lane holds both values of its outputs; stage 2: two consecutive row blocks),
 // all sharing the tile's x chunk [tile_m, 128] through a ring of GEMM_X_STAGES in shared
-// memory; the weights go global -> registers, each lane its own 16-byte pieces,
-// gemm_chunks_ahead chunks ahead.
+// memory; the weights go global -> registers, each lane its own 16-byte pieces, two chunks
+// ahead.
 constexpr int GEMM_WARPS = 4;
 constexpr int GEMM_THREADS = GEMM_WARPS * 32;
 constexpr int GEMM_X_STAGES = 4;
 constexpr int GEMM_XS_STRIDE = 128 + 8;  // ldmatrix rows 272 bytes apart: the 8 rows of a phase cover the banks
-// Chunks a lane's weight registers run ahead of the one it multiplies: 4 where the tile is
-// 16 tokens (few tokens per expert: the bytes in flight are what bound the time), else 2
-// (the accumulators of 32 and 64 tokens need the registers).
-__host__ __device__ constexpr int gemm_chunks_ahead(int mt) { return mt <= 2 ? 4 : 2; }
 // row blocks of one part a block covers: stage 1 one per warp (its gate and up), stage 2 two
 __host__ __device__ constexpr int gemm_block_rbs(int stage) { return stage == STAGE_GATE_UP ? GEMM_WARPS : 2 * GEMM_WARPS; }
 __host__ __device__ constexpr int gemm_smem_bytes(int mt) { return GEMM_X_STAGES * mt * 8 * GEMM_XS_STRIDE * 2; }
@@ -114,7 +116,9 @@ constexpr int GATHER_THREADS = 256;
 __global__ void moe_gather(const GatherParams p);
 
 struct ActParams {
-    float* h;                   // [P, 2 Ip] fp32: gate columns [0, I), up columns [Ip, Ip + I); cleared
+    float* h;                   // splits planes [P, 2 Ip] fp32: gate columns [0, I), up [Ip, Ip + I); cleared
+    int64_t plane;              // floats of one plane
+    int splits;                 // planes added in order (split-K of the mma tiles; 1: the grouped tier)
     int ld_h;                   // 2 Ip
     int part_rows;              // Ip
     const int32_t* sorted_ids;
@@ -133,7 +137,9 @@ __global__ void moe_act(const ActParams p);
 
 // ---------------------------------------------------------------- combine (stage 2)
 struct CombineParams {
-    float* out;                // [P, H] fp32, zeroed as read
+    float* out;                // splits planes [P, H] fp32 (added in order), zeroed as read
+    int64_t plane;
+    int splits;
     const float* topk_weights; // [T, top_k]
     void* y;                   // [T, H], row stride ldy
     int64_t ldy;

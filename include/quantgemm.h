@@ -167,7 +167,8 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
  *                    where its grid is under one wave, q8_0 excepted), else 2 where it can.
  *                    The numeric tier options apply to GPU contexts; qg_context_set_tier
  *                    names a tier of either backend.
- *   "split_k"      : 0 auto, else the split-K factor forced on the decode and prefill tiers
+ *   "split_k"      : 0 auto, else the split-K factor forced on the decode and prefill tiers and on
+ *                    the MoE mma.sync tiles (which split only when asked so far)
  *   "cpu_precision": CPU backend GEMMs (W4A16, GGUF, MXFP4): 0 auto (= 2), 1 fp32-exact (x and the
  *                    decoded weight in fp32), 2 int8 (x quantized to int8 per 32 elements, integer
  *                    dot products; rows holding NaN or inf take the fp32-exact path)

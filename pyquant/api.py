@@ -32,11 +32,10 @@ from . import _lib
 from . import dlpack as _dlpack
 from . import formats as _formats
 from . import progress as _progress
-from . import tiers as _tiers_mod
 from .formats import mxfp4 as _mxfp4
 from ._lib import Activation, DType, GateUpLayout, QuantGemmError
-from .device import (BFLOAT16, Context, DeviceArray, DeviceView, _err, as_dtype, cpu_context, default_context,
-                     dtype_name, gpu_context, qg_dtype_of, stream_handle)
+from .device import (Context, DeviceArray, DeviceView, _err, as_dtype, cpu_context, default_context, dtype_name,
+                     gpu_context, qg_dtype_of, stream_handle)
 from .weights import GGUFWeight, Int4Weight, MXFP4Weight, SCALE_QG_DTYPE, _format_spec, _require_contiguous
 
 _ACT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), as_dtype("bfloat16"))
@@ -528,22 +527,13 @@ def default_tile_m(num_tokens: int, top_k: int, num_experts: int, widest: int = 
     rows_per_expert = num_tokens * top_k / max(num_experts, 1)
     # Every expert's rows are padded up to a multiple of tile_m: with a few rows per
     # expert (decode) the smallest tile wastes least; with many, a taller tile reuses
-    # each dequantized weight tile across more rows. 64 and up run on the GPU's grouped
-    # wgmma tier (sm_90a), whose token tiles are 64, 128 and 256 (bf16) wide (measured
-    # against the mma.sync tiles in bench/NOTES.md).
+    # each dequantized weight tile across more rows. 128 and 256 run on the GPU's grouped
+    # wgmma tier (sm_90a), whose correctness was not yet run on a GPU: the default stops at
+    # 64 (the mma.sync tiles, tested) until it has been (bench/NOTES.md).
     for tile, most_rows in ((16, 16), (32, 32), (64, 96), (128, 192)):
         if rows_per_expert <= most_rows or tile >= widest:
             return tile
     return 256
-
-
-def _widest_tile(c: Context, x_dtype) -> int:
-    """The widest default tile_m on context c: 256 (bf16) or 128 where this build has the
-    grouped wgmma tier and c is a GPU context; 64 elsewhere (the CPU tier gains nothing
-    from wider tiles, the mma.sync tiles stop at 64)."""
-    if not c.is_gpu or not any(t.endswith(":moe_wgmma") for t in _tiers_mod.tiers().get("moe", [])):
-        return 64
-    return 256 if BFLOAT16 is not None and np.dtype(x_dtype) == BFLOAT16 else 128
 
 
 def _index_operand(a, name: str, dtype, kind: str, stream=None) -> DeviceView:
@@ -680,7 +670,7 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
     if yv is None:
         result = _result_array(numpy_result, tuple(lead) + (h,), y_np_dtype, c)
         yv, _ = _rows(result, "out", "H", allow_copy=False)
-    tm = int(tile_m) if tile_m is not None else default_tile_m(t, top_k, e, _widest_tile(c, xv.dtype))
+    tm = int(tile_m) if tile_m is not None else default_tile_m(t, top_k, e)
 
     max_sorted, max_tiles = ctypes.c_int64(), ctypes.c_int64()
     _lib.qg_moe_align_sizes(t, top_k, e, tm, ctypes.byref(max_sorted), ctypes.byref(max_tiles))

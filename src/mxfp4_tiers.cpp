@@ -12,9 +12,9 @@
 //   align    cpu              -                     CPU contexts (src/cpu/moe.cpp)
 //            <gpu>:moe_align  -                     NVIDIA sm_80+, one block, E <= 1024
 //   stage1/2 cpu              canonical             CPU contexts
-//            <gpu>:moe_wgmma  MoE frag (qg_moe_repack)  NVIDIA sm_90a, tile_m 64..256: the W4A16
-//                                                   prefill kernel grouped over the experts
-//            <gpu>:moe_mma    MoE frag              NVIDIA sm_80+, mma.sync expert tiles (tile_m <= 64)
+//            <gpu>:moe_mma    MoE frag (qg_moe_repack)  NVIDIA sm_80+, mma.sync expert tiles (tile_m <= 64)
+//            <gpu>:moe_wgmma  MoE frag              NVIDIA sm_90a, tile_m 128 / 256 (64 forced): the
+//                                                   W4A16 prefill kernel grouped over the experts
 #include "tier_table.h"
 
 namespace qg {
@@ -80,12 +80,14 @@ const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp
     return nullptr;  // select_tier names every tier's reason
 }
 #if defined(QG_HAVE_GPU)
-// first usable wins (choose_first): the grouped wgmma tier where the tiles are 64 tokens
+// first usable wins (choose_stage): the mma.sync tiles, tested on the H200, serve every
+// tile_m up to 64; the grouped wgmma tier (built, profiled, its correctness not yet run on a
+// GPU: bench/NOTES.md) serves 128 and 256, or any tile of 64 and up when forced by name
 const Tier<qg_moe_align_args>* const kAlignTiers[] = {&kAlignCpu, &gpu_moe_align_tier};
-const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu, &gpu_moe_stage1_wgmma_tier,
-                                                        &gpu_moe_stage1_tier};
-const Tier<qg_moe_stage2_args>* const kStage2Tiers[] = {&kStage2Cpu, &gpu_moe_stage2_wgmma_tier,
-                                                        &gpu_moe_stage2_tier};
+const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu, &gpu_moe_stage1_tier,
+                                                        &gpu_moe_stage1_wgmma_tier};
+const Tier<qg_moe_stage2_args>* const kStage2Tiers[] = {&kStage2Cpu, &gpu_moe_stage2_tier,
+                                                        &gpu_moe_stage2_wgmma_tier};
 #else
 const Tier<qg_moe_align_args>* const kAlignTiers[] = {&kAlignCpu};
 const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu};
@@ -111,8 +113,8 @@ const Tier<Args>* choose_stage(const qg_context* ctx, const Args& a, const char*
     const Tier<Args>* t = first_usable(TABLE(), ctx, a);
     *reason = !on_gpu(ctx) ? "CPU context"
               : t != nullptr && is_grouped_wgmma(t->name)
-                  ? "tile_m >= 64: the W4A16 prefill kernel grouped over the expert tiles"
-                  : "tile_m < 64 or no wgmma: mma.sync expert tiles";
+                  ? "tile_m > 64: the W4A16 prefill kernel grouped over the expert tiles"
+                  : "tile_m <= 64: mma.sync expert tiles";
     return t;
 }
 

@@ -28,7 +28,10 @@ using launch_util::mma_sync_device;
 constexpr int kGroup = 32;             // one E8M0 scale per 32 elements
 constexpr int kMaxGridY = 65535;       // tiles beyond it are walked by the blocks (hip/moe.hip)
 constexpr size_t kWorkspaceAlign = 256;
-constexpr int kMinSplitChunks = 8;     // stage 2 splits K in two only where each half has 4 chunks
+constexpr int kSplitMinChunks = 4;     // a split-K part covers at least 4 chunks (512 of K)
+
+size_t ws_align(size_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+int64_t padded_rows(int64_t rows) { return frag::padded_n(rows); }
 
 // What every MoE GPU tier needs of the device.
 bool moe_gpu(const qg_context* ctx, const char** why) { return gpu_context_only(ctx, why) && mma_sync_device(ctx, why); }
@@ -107,6 +110,17 @@ qg_status launch_gemm(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype
                                moe::GEMM_THREADS, smem, static_cast<hipStream_t>(stream), c.p, what);
 }
 
+// Split-K of the mma.sync tiles: K cut in parts of at least 4 chunks, each block's fp32 sums
+// into its plane of the workspace, added in split order by the stage's last kernel (moe_act,
+// moe_combine), so the result does not depend on which block finishes first. Only where the
+// split_k option asks for it so far: the split kernels are built and CPU-checked but were not
+// run on a GPU before the device time ran out (bench/NOTES.md, "MXFP4 MoE on the GPU": the
+// rule to measure is up to 4 parts where a grid is under two blocks an SM, as T = 1 is).
+int mma_splits(const qg_context* ctx, const GemmCall& c) {
+    if (ctx->split_k <= 0) return 1;
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ctx->split_k, c.p.k_chunks / kSplitMinChunks)));
+}
+
 // ---------------------------------------------------------------- align
 
 bool align_usable(const qg_context* ctx, const qg_moe_align_args& a, const char** why) {
@@ -152,7 +166,38 @@ bool stage1_usable(const qg_context* ctx, const qg_moe_stage1_args& a, const cha
     return stage_usable(ctx, a.layout, a.x_dtype, a.x, a.ldx, why) && mma_tile(a.tile_m, why);
 }
 
-qg_status stage1_launch(const qg_context* ctx, const qg_moe_stage1_args& a, qg_stream stream) {
+// act = the activation of stage 1's fp32 gate / up rows h (the sum of `splits` planes of
+// `plane` floats, rows [P, 2 Ip]) plus the bias, for every sorted slot in use (moe_act), which
+// clears them.
+qg_status activation(const qg_moe_stage1_args& a, const GemmCall& c, float* h, int64_t plane, int splits,
+                     int64_t max_sorted, qg_stream stream) {
+    moe::ActParams q{};
+    q.h = h;
+    q.plane = plane;
+    q.splits = splits;
+    q.part_rows = static_cast<int>(padded_rows(a.intermediate));
+    q.ld_h = 2 * q.part_rows;
+    q.sorted_ids = a.sorted_ids;
+    q.tile_experts = a.tile_experts;
+    q.num_sorted = a.num_sorted;
+    q.tile_m = a.tile_m;
+    q.max_rows = static_cast<int>(max_sorted);
+    q.pairs = c.p.pairs;
+    q.experts = a.num_experts;
+    q.inter = static_cast<int>(a.intermediate);
+    q.bias = c.p.bias;
+    q.concat = a.gate_up_layout == QG_GATE_UP_CONCAT;
+    q.activation = a.activation;
+    q.alpha = a.swiglu_alpha;
+    q.limit = a.swiglu_limit;
+    q.act = a.act;
+    q.act_type = elem_type(a.x_dtype);
+    return launch_util::launch(reinterpret_cast<const void*>(&moe::moe_act),
+                               dim3(static_cast<unsigned>(ceil_div(max_sorted * a.intermediate, moe::ACT_THREADS))),
+                               moe::ACT_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe stage1 activation");
+}
+
+GemmCall stage1_call(const qg_context* ctx, const qg_moe_stage1_args& a) {
     GemmCall c = gemm_call(moe::STAGE_GATE_UP, a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.intermediate,
                            a.hidden, a.x_dtype, a.x, a.ldx, a.sorted_ids, a.tile_experts, a.num_sorted, a.w13_blocks,
                            a.w13_scales, a.w13_bias, a.bias_dtype);
@@ -162,15 +207,37 @@ qg_status stage1_launch(const qg_context* ctx, const qg_moe_stage1_args& a, qg_s
     c.p.activation = a.activation;
     c.p.alpha = a.swiglu_alpha;
     c.p.limit = a.swiglu_limit;
-    return launch_gemm(ctx, c, a.x_dtype, stream, "moe stage1");
+    c.splits = mma_splits(ctx, c);
+    c.p.part_rows = static_cast<int>(padded_rows(a.intermediate));
+    c.p.ld_part = 2 * c.p.part_rows;
+    c.p.plane = static_cast<int64_t>(c.p.pairs) * c.p.ld_part;
+    return c;
+}
+
+size_t stage1_workspace(const qg_context* ctx, const qg_moe_stage1_args& a) {
+    const GemmCall c = stage1_call(ctx, a);
+    return c.splits > 1 ? ws_align(static_cast<size_t>(c.splits * c.p.plane) * sizeof(float)) : 0;
+}
+
+qg_status stage1_launch(const qg_context* ctx, const qg_moe_stage1_args& a, qg_stream stream) {
+    GemmCall c = stage1_call(ctx, a);
+    c.p.part = static_cast<float*>(a.workspace);
+    qg_status st = launch_gemm(ctx, c, a.x_dtype, stream, "moe stage1");
+    if (st != QG_OK || c.splits == 1) return st;
+    int64_t max_sorted = 0, max_tiles = 0;
+    moe_align_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m, &max_sorted, &max_tiles);
+    return activation(a, c, c.p.part, c.p.plane, c.splits, max_sorted, stream);
 }
 
 // ---------------------------------------------------------------- stage 2
 
-// y = the top-k sum of the fp32 pair rows `out` (moe_combine), which clears them.
-qg_status combine(const qg_moe_stage2_args& a, float* out, qg_stream stream) {
+// y = the top-k sum of the fp32 pair rows `out` (moe_combine: the sum of `splits` planes of
+// `plane` floats), which clears them.
+qg_status combine(const qg_moe_stage2_args& a, float* out, int64_t plane, int splits, qg_stream stream) {
     moe::CombineParams q{};
     q.out = out;
+    q.plane = plane;
+    q.splits = splits;
     q.topk_weights = a.topk_weights;
     q.y = a.y;
     q.ldy = a.ldy;
@@ -183,9 +250,18 @@ qg_status combine(const qg_moe_stage2_args& a, float* out, qg_stream stream) {
                                moe::COMBINE_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe combine");
 }
 
-size_t stage2_workspace(const qg_context*, const qg_moe_stage2_args& a) {
-    const size_t bytes = static_cast<size_t>(a.num_tokens * a.top_k) * static_cast<size_t>(a.hidden) * sizeof(float);
-    return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+GemmCall stage2_call(const qg_context* ctx, const qg_moe_stage2_args& a) {
+    GemmCall c = gemm_call(moe::STAGE_DOWN, a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden,
+                           a.intermediate, a.act_dtype, a.act, a.intermediate, a.sorted_ids, a.tile_experts,
+                           a.num_sorted, a.w2_blocks, a.w2_scales, a.w2_bias, a.bias_dtype);
+    c.splits = mma_splits(ctx, c);
+    c.p.plane = static_cast<int64_t>(c.p.pairs) * a.hidden;
+    return c;
+}
+
+size_t stage2_workspace(const qg_context* ctx, const qg_moe_stage2_args& a) {
+    return ws_align(static_cast<size_t>(stage2_call(ctx, a).splits * static_cast<int64_t>(a.num_tokens * a.top_k) *
+                                        a.hidden) * sizeof(float));
 }
 
 bool stage2_usable(const qg_context* ctx, const qg_moe_stage2_args& a, const char** why) {
@@ -193,18 +269,11 @@ bool stage2_usable(const qg_context* ctx, const qg_moe_stage2_args& a, const cha
 }
 
 qg_status stage2_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_stream stream) {
-    GemmCall c = gemm_call(moe::STAGE_DOWN, a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden,
-                           a.intermediate, a.act_dtype, a.act, a.intermediate, a.sorted_ids, a.tile_experts,
-                           a.num_sorted, a.w2_blocks, a.w2_scales, a.w2_bias, a.bias_dtype);
+    GemmCall c = stage2_call(ctx, a);
     c.p.out = static_cast<float*>(a.workspace);
-    // Under one wave of blocks (few tokens: T = 1 gives 4 tiles x 23 row tiles on GPT-OSS), the
-    // two halves of K go to two blocks, which add into the zeroed workspace (hip/moe.hip: the
-    // order of two additions to 0 does not change the sum).
-    const int64_t blocks = ceil_div(c.p.part_blocks, moe::gemm_block_rbs(c.stage)) * c.tiles_bound;
-    if (blocks < std::max(ctx->sm_count, 1) && c.p.k_chunks >= kMinSplitChunks) c.splits = 2;
     qg_status st = launch_gemm(ctx, c, a.act_dtype, stream, "moe stage2");
     if (st != QG_OK) return st;
-    return combine(a, static_cast<float*>(a.workspace), stream);
+    return combine(a, c.p.out, c.p.plane, c.splits, stream);
 }
 
 
@@ -227,8 +296,6 @@ const void* grouped_kernel(qg_dtype x_dtype, int32_t tile_m) {
 #endif
 }
 
-size_t ws_align(size_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
-
 // The workspace of a grouped stage: gathered rows [max_sorted, K] (16-bit), then fp32 rows
 // [P, out_cols] per pair.
 struct GroupedWs {
@@ -241,8 +308,6 @@ struct GroupedWs {
     }
     size_t bytes() const { return gathered + rows; }
 };
-
-int64_t padded_rows(int64_t rows) { return frag::padded_n(rows); }
 
 bool grouped_usable(const qg_context* ctx, int32_t tile_m, qg_mxfp4_layout layout, qg_dtype x_dtype, const void* x,
                     int64_t ldx, const char** why) {
@@ -342,28 +407,7 @@ qg_status stage1_grouped_launch(const qg_context* ctx, const qg_moe_stage1_args&
         st = launch_grouped(ctx, c, a.x_dtype, gathered, max_sorted, 2, static_cast<int>(a.intermediate), h, ld_h,
                             BiasRef{nullptr, ELEM_F32}, 0, stream, "moe stage1");
     if (st != QG_OK) return st;
-    moe::ActParams q{};
-    q.h = h;
-    q.ld_h = static_cast<int>(ld_h);
-    q.part_rows = static_cast<int>(padded_rows(a.intermediate));
-    q.sorted_ids = a.sorted_ids;
-    q.tile_experts = a.tile_experts;
-    q.num_sorted = a.num_sorted;
-    q.tile_m = a.tile_m;
-    q.max_rows = static_cast<int>(max_sorted);
-    q.pairs = c.p.pairs;
-    q.experts = a.num_experts;
-    q.inter = static_cast<int>(a.intermediate);
-    q.bias = c.p.bias;
-    q.concat = a.gate_up_layout == QG_GATE_UP_CONCAT;
-    q.activation = a.activation;
-    q.alpha = a.swiglu_alpha;
-    q.limit = a.swiglu_limit;
-    q.act = a.act;
-    q.act_type = elem_type(a.x_dtype);
-    st = launch_util::launch(reinterpret_cast<const void*>(&moe::moe_act),
-                             dim3(static_cast<unsigned>(ceil_div(max_sorted * a.intermediate, moe::ACT_THREADS))),
-                             moe::ACT_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe stage1 activation");
+    st = activation(a, c, h, 0, 1, max_sorted, stream);
     if (st != QG_OK) return st;
     return gpu_memset(ctx, gathered, 0, ws.gathered, stream);
 #else
@@ -395,7 +439,7 @@ qg_status stage2_grouped_launch(const qg_context* ctx, const qg_moe_stage2_args&
                             c.p.bias, a.hidden, stream, "moe stage2");
     if (st == QG_OK) st = gpu_memset(ctx, gathered, 0, ws.gathered, stream);
     if (st != QG_OK) return st;
-    return combine(a, out, stream);
+    return combine(a, out, 0, 1, stream);
 #else
     (void)ctx, (void)a, (void)stream;
     return set_error(QG_ERR_INTERNAL, "unreachable: grouped prefill without tensor maps");
@@ -406,8 +450,8 @@ qg_status stage2_grouped_launch(const qg_context* ctx, const qg_moe_stage2_args&
 
 const Tier<qg_moe_align_args> gpu_moe_align_tier = {QG_GPU_RUNTIME_NAME ":moe_align", 0, align_usable, nullptr,
                                                     align_launch};
-const Tier<qg_moe_stage1_args> gpu_moe_stage1_tier = {QG_GPU_RUNTIME_NAME ":moe_mma", 0, stage1_usable, nullptr,
-                                                      stage1_launch};
+const Tier<qg_moe_stage1_args> gpu_moe_stage1_tier = {QG_GPU_RUNTIME_NAME ":moe_mma", 0, stage1_usable,
+                                                      stage1_workspace, stage1_launch};
 const Tier<qg_moe_stage2_args> gpu_moe_stage2_tier = {QG_GPU_RUNTIME_NAME ":moe_mma", 0, stage2_usable,
                                                       stage2_workspace, stage2_launch};
 const Tier<qg_moe_stage1_args> gpu_moe_stage1_wgmma_tier = {QG_GPU_RUNTIME_NAME ":moe_wgmma", 0, stage1_grouped_usable,
