@@ -3,9 +3,11 @@ and of the whole layer replayed from a CUDA graph (torch), which the bench's per
 cannot show at small T. The bench's routing and weights; the experts in the MoE frag layout.
 
     python bench/profile_moe.py gpt-oss-120b 1,8,64,512,2048 [tile_m]
+    QG_SPLIT_K=4 python bench/profile_moe.py gpt-oss-120b 1,8      (the context's split_k option)
     ncu -k regex:moe_gemm --launch-skip 3 --launch-count 2 python bench/profile_moe.py gpt-oss-120b 2048 0 ncu
 """
 import ctypes
+import os
 import sys
 
 import ml_dtypes
@@ -82,6 +84,7 @@ def main(argv):
     tile_m = int(argv[2]) if len(argv) > 2 else 0
     ncu = len(argv) > 3 and argv[3] == "ncu"
     ctx = pyquant.gpu_context()
+    ctx.set_option("split_k", int(os.environ.get("QG_SPLIT_K", "0")))
     rng = np.random.default_rng(0)
     if ncu:
         launches, _, _, _ = layer_calls(ctx, variant, ts[0], tile_m, rng)
