@@ -29,10 +29,11 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build memcheck racecheck initcheck)
 summary=()
 
-# small-shape set: kernel tests without the N = 4099/4104 cases, the torch/CuPy interop
-# and the multi-stream repetitions (the same kernels, many times)
-SMALL_FILES=(tests/test_gpu_gemm.py tests/test_nonfinite.py tests/test_concurrency.py)
-SMALL_K=${QG_SANITIZE_SMALL_K:-"not (4104 or 4099 or interop or host_threads or streams_match)"}
+# small-shape set: kernel tests without the N = 4099/4104 cases, the torch/CuPy interop,
+# the multi-stream repetitions (the same kernels, many times) and the MoE tests' GPT-OSS
+# sizes and 1024-expert align (more blocks, not new access patterns)
+SMALL_FILES=(tests/test_gpu_gemm.py tests/test_nonfinite.py tests/test_concurrency.py tests/test_gpu_moe.py)
+SMALL_K=${QG_SANITIZE_SMALL_K:-"not (4104 or 4099 or interop or host_threads or streams_match or gpt_oss or 1024)"}
 
 CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}
 [ -z "$CS" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && CS=/usr/local/cuda/bin/compute-sanitizer
