@@ -96,7 +96,7 @@ const void* gemm_kernel(int x_type, int mt, int stage);
     X(ELEM_BF16, 8, 2) X(ELEM_F16, 2, 1) X(ELEM_F16, 4, 1) X(ELEM_F16, 8, 1) X(ELEM_F16, 2, 2)         \
     X(ELEM_F16, 4, 2) X(ELEM_F16, 8, 2)
 
-// ---------------------------------------------------------------- grouped wgmma path (tile_m = 64)
+// ---------------------------------------------------------------- grouped wgmma path (tile_m 64..256)
 // Many tokens per expert: each stage gathers its activation rows by expert tile into the
 // workspace (moe_gather), runs the W4A16 prefill kernel grouped (hip/w4a16_prefill.hip,
 // PrefillParams::tile_experts) into fp32 rows per pair, and stage 1 applies the activation

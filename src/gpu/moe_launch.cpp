@@ -1,9 +1,10 @@
 // MXFP4 MoE GPU tiers (hip/moe.hip): the table entries of align, stage 1 and stage 2 (mma.sync
-// expert tiles, sm_80+; and, for tiles of 64 tokens on sm_90a, the W4A16 prefill kernel grouped
-// over the experts), and the device side of qg_moe_repack. The stages read the MoE frag layout
-// only (a canonical expert stack on the GPU would be repacked on every call: more than a GB for
-// GPT-OSS-120b, so the tier refuses it and names qg_moe_repack). Arguments were validated by
-// src/api.cpp; the routing tables are device data, which the kernels never trust (hip/moe.hip).
+// expert tiles of up to 64 tokens, sm_80+; and, for tiles of 64 to 256 tokens on sm_90a, the
+// W4A16 prefill kernel grouped over the experts), and the device side of qg_moe_repack. The
+// stages read the MoE frag layout only (a canonical expert stack on the GPU would be repacked
+// on every call: more than a GB for GPT-OSS-120b, so the tier refuses it and names
+// qg_moe_repack). Arguments were validated by src/api.cpp; the routing tables are device data,
+// which the kernels never trust (hip/moe.hip).
 #include <stdint.h>
 
 #include <algorithm>
