@@ -65,7 +65,7 @@ struct GemmCall {
 };
 
 GemmCall gemm_call(int stage, int64_t T, int32_t top_k, int32_t E, int32_t tile_m, int64_t rows, int64_t k,
-                   qg_dtype x_dtype, const void* x, int64_t ldx, const int32_t* sorted_ids, const int32_t* tile_experts,
+                   const void* x, int64_t ldx, const int32_t* sorted_ids, const int32_t* tile_experts,
                    const int32_t* num_sorted, const uint8_t* blocks, const uint8_t* scales, const void* bias,
                    qg_dtype bias_dtype) {
     GemmCall c;
@@ -93,7 +93,6 @@ GemmCall gemm_call(int stage, int64_t T, int32_t top_k, int32_t E, int32_t tile_
     p.k_chunks = static_cast<int>(geo.k_chunks);
     p.part_blocks = static_cast<int>(geo.row_blocks);
     p.bias = BiasRef{bias, bias ? elem_type(bias_dtype) : ELEM_F32};
-    (void)x_dtype;
     return c;
 }
 
@@ -200,7 +199,7 @@ qg_status activation(const qg_moe_stage1_args& a, const GemmCall& c, float* h, i
 
 GemmCall stage1_call(const qg_context* ctx, const qg_moe_stage1_args& a) {
     GemmCall c = gemm_call(moe::STAGE_GATE_UP, a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.intermediate,
-                           a.hidden, a.x_dtype, a.x, a.ldx, a.sorted_ids, a.tile_experts, a.num_sorted, a.w13_blocks,
+                           a.hidden, a.x, a.ldx, a.sorted_ids, a.tile_experts, a.num_sorted, a.w13_blocks,
                            a.w13_scales, a.w13_bias, a.bias_dtype);
     c.p.act = a.act;
     c.p.act_type = elem_type(a.x_dtype);
@@ -253,7 +252,7 @@ qg_status combine(const qg_moe_stage2_args& a, float* out, int64_t plane, int sp
 
 GemmCall stage2_call(const qg_context* ctx, const qg_moe_stage2_args& a) {
     GemmCall c = gemm_call(moe::STAGE_DOWN, a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden,
-                           a.intermediate, a.act_dtype, a.act, a.intermediate, a.sorted_ids, a.tile_experts,
+                           a.intermediate, a.act, a.intermediate, a.sorted_ids, a.tile_experts,
                            a.num_sorted, a.w2_blocks, a.w2_scales, a.w2_bias, a.bias_dtype);
     c.splits = mma_splits(ctx, c);
     c.p.plane = static_cast<int64_t>(c.p.pairs) * a.hidden;
@@ -395,9 +394,7 @@ bool stage1_grouped_usable(const qg_context* ctx, const qg_moe_stage1_args& a, c
 
 qg_status stage1_grouped_launch(const qg_context* ctx, const qg_moe_stage1_args& a, qg_stream stream) {
 #if defined(QG_HAVE_TENSOR_MAPS)
-    const GemmCall c = gemm_call(moe::STAGE_GATE_UP, a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.intermediate,
-                                 a.hidden, a.x_dtype, a.x, a.ldx, a.sorted_ids, a.tile_experts, a.num_sorted,
-                                 a.w13_blocks, a.w13_scales, a.w13_bias, a.bias_dtype);
+    const GemmCall c = stage1_call(ctx, a);  // routing, planes, sizes (not its split: the mma tiles')
     const GroupedWs ws(a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden, 2 * padded_rows(a.intermediate));
     const int64_t max_sorted = static_cast<int64_t>(c.p.max_tiles) * a.tile_m;
     uint16_t* gathered = static_cast<uint16_t*>(a.workspace);
@@ -427,9 +424,7 @@ bool stage2_grouped_usable(const qg_context* ctx, const qg_moe_stage2_args& a, c
 
 qg_status stage2_grouped_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_stream stream) {
 #if defined(QG_HAVE_TENSOR_MAPS)
-    const GemmCall c = gemm_call(moe::STAGE_DOWN, a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden,
-                                 a.intermediate, a.act_dtype, a.act, a.intermediate, a.sorted_ids, a.tile_experts,
-                                 a.num_sorted, a.w2_blocks, a.w2_scales, a.w2_bias, a.bias_dtype);
+    const GemmCall c = stage2_call(ctx, a);  // routing, planes, sizes (not its split: the mma tiles')
     const GroupedWs ws(a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.intermediate, a.hidden);
     const int64_t max_sorted = static_cast<int64_t>(c.p.max_tiles) * a.tile_m;
     uint16_t* gathered = static_cast<uint16_t*>(a.workspace);
