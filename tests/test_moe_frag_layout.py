@@ -87,3 +87,22 @@ def test_repack_refuses_bad_arguments(field, value, match):
     nb, ns = ctypes.c_size_t(0), ctypes.c_size_t(0)
     with pytest.raises(pyquant.QuantGemmError, match=match):
         _lib.qg_moe_repack_size(ctypes.byref(args), ctypes.byref(nb), ctypes.byref(ns))
+
+
+def test_stage_layout_and_workspace_query_are_checked():
+    """An unknown layout value is refused naming it; the stages' workspace queries refuse a
+    NULL result pointer and answer 0 on a CPU context (its tier needs none)."""
+    cpu = pyquant.cpu_context()
+    common = dict(num_tokens=3, top_k=2, num_experts=4, tile_m=16, hidden=64, intermediate=32)
+    a1 = _lib.qg_moe_stage1_args(x_dtype=_lib.DType.QG_DTYPE_F32, ldx=64, **common)
+    a2 = _lib.qg_moe_stage2_args(act_dtype=_lib.DType.QG_DTYPE_F32, y_dtype=_lib.DType.QG_DTYPE_F32, ldy=64,
+                                 **common)
+    for query, args in ((_lib.qg_moe_stage1_workspace_size, a1), (_lib.qg_moe_stage2_workspace_size, a2)):
+        nbytes = ctypes.c_size_t(7)
+        query(cpu.handle, ctypes.byref(args), ctypes.byref(nbytes))
+        assert nbytes.value == 0
+        with pytest.raises(pyquant.QuantGemmError, match="bytes is NULL"):
+            query(cpu.handle, ctypes.byref(args), None)
+        args.layout = 7
+        with pytest.raises(pyquant.QuantGemmError, match="layout=7 is not a qg_mxfp4_layout value"):
+            query(cpu.handle, ctypes.byref(args), ctypes.byref(nbytes))
