@@ -169,6 +169,9 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
  *                    names a tier of either backend.
  *   "split_k"      : 0 auto, else the split-K factor forced on the decode and prefill tiers and on
  *                    the MoE mma.sync tiles (which split only when asked so far)
+ *   "prefill_tile" : 0 auto, else the token tile (64, 128 or 256) of the W4A16 and MXFP4 prefill
+ *                    (256 only where the kernel folds the scale into A: bf16 x and bf16 scales;
+ *                    128 otherwise). Speed only, like split_k: results never depend on it
  *   "cpu_precision": CPU backend GEMMs (W4A16, GGUF, MXFP4): 0 auto (= 2), 1 fp32-exact (x and the
  *                    decoded weight in fp32), 2 int8 (x quantized to int8 per 32 elements, integer
  *                    dot products; rows holding NaN or inf take the fp32-exact path)

@@ -18,6 +18,7 @@ struct qg_context {
     int64_t w4a16_tier = 0;
     int64_t gguf_tier = 0;
     int64_t split_k = 0;
+    int64_t prefill_tile = 0;
     int64_t cpu_precision = 0;
     // tier forced by name per family (qg_context_set_tier): a tier table's static name, or
     // nullptr for the numeric option / auto; index: Family below

@@ -8,6 +8,7 @@ Seeds are printed on failure.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -225,3 +226,22 @@ def test_cpu_bench_runs_moe_instead_of_skipping_it(capsys):
     out = capsys.readouterr().out
     assert "skipped" not in out, out
     assert any(line.startswith("moe ") for line in out.splitlines()), out
+
+
+def test_option_reaches_the_context_and_a_bad_one_is_a_usage_error(tmp_path, capsys):
+    """--option NAME=VALUE sets a context option of the real runner (printed in the header
+    and kept in --json); an unknown name or a value the library refuses stops the bench
+    before any case, and golden rows (--record) never carry a forced choice."""
+    argv = ["--backend", "cpu", "--family", "w4a16", "--variant", "g128-asym-bf16", "--m", "1",
+            "--shape", "256x512", "--budget", "0.01", "--no-peers"]
+    out_json = tmp_path / "o.json"
+    assert bench.main(argv + ["--option", "cpu_precision=1", "--json", str(out_json)]) == 0
+    assert "options       : cpu_precision=1" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())["options"] == {"cpu_precision": 1}
+    for bad in ("bogus=1", "prefill_tile=96", "cpu_precision=x"):
+        with pytest.raises(SystemExit) if bad.endswith("=x") else contextlib.nullcontext():
+            assert bench.main(argv + ["--option", bad]) == bench.EXIT_USAGE, bad
+        capsys.readouterr()
+    assert bench.main(argv + ["--option", "split_k=2", "--record", str(tmp_path / "g.json")]) == bench.EXIT_USAGE
+    assert "--option with --record" in capsys.readouterr().err
+    assert not (tmp_path / "g.json").exists()

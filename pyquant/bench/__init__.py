@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                      help="timing budget of one measurement (default 0.25 s GPU, 0.5 s CPU)")
     run.add_argument("--no-peers", action="store_true", help="skip torch / CuPy / numpy peers")
+    run.add_argument("--option", type=_option, action="append", metavar="NAME=VALUE", default=[],
+                     help="a context option (qg_context_set_option: split_k, prefill_tile, ...) for "
+                          "every library call, to measure a choice the tiers make; not with --record")
     gold = p.add_argument_group("goldens")
     mode = gold.add_mutually_exclusive_group()
     mode.add_argument("--record", metavar="PATH", help="record a golden file (bench/golden/<device>.json)")
@@ -97,7 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _option(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    try:
+        return name, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=INTEGER, e.g. split_k=2") from None
+
+
 def _check_filters(args) -> None:
+    if args.option and args.record:
+        raise ValueError("--option with --record: golden rows are of the library's own choices")
     for fam in args.family or []:
         if fam not in C.FAMILIES:
             raise ValueError(f"unknown family {fam!r}; families: {', '.join(C.FAMILIES)}")
@@ -193,7 +206,7 @@ def main(argv=None, *, runner=None) -> int:
         from .runner import LibraryRunner
         try:
             runner = LibraryRunner(backend=args.backend, device=args.device, budget_s=args.budget,
-                                   peers=not args.no_peers)
+                                   peers=not args.no_peers, options=dict(args.option))
         except (ImportError, OSError, ValueError, RuntimeError, QuantGemmError) as e:
             print(f"bench: cannot start the library runner: {e}", file=sys.stderr)
             return EXIT_USAGE
@@ -231,6 +244,8 @@ def _run(args, runner, golden_doc) -> int:
     print("\n".join(header))
     mode = "record" if args.record else "compare" if args.compare else "run"
     print(f"cases         : {len(cases)} ({mode}; noise band {band * 100:.1f} %)")
+    if args.option:
+        print("options       : " + ", ".join(f"{k}={v}" for k, v in args.option))
     sys.stdout.flush()
 
     peers_on = mode != "compare" and not args.no_peers
@@ -286,6 +301,8 @@ def _run(args, runner, golden_doc) -> int:
         print(extra)
     doc = report.document(machine, rows, band=band, repeats=repeats, timer=timer_kind,
                           build=getattr(runner, "build", ""))
+    if args.option:
+        doc["options"] = dict(args.option)
     if args.record:
         report.write_json(args.record, doc)
         bad = sum(not r["reproducible"] for r in rows)

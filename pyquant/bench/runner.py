@@ -129,12 +129,14 @@ def _counted_nbytes(w) -> int:
 
 class LibraryRunner:
     def __init__(self, backend: str = "auto", device: int = 0, budget_s: float | None = None,
-                 peers: bool = True):
+                 peers: bool = True, options: dict | None = None):
         import pyquant
         self.pq = pyquant
         if backend == "auto":
             backend = pyquant.default_context().backend
         self.ctx = pyquant.Context(backend, device)
+        for name, value in (options or {}).items():  # --option: a bad name or value fails here
+            self.ctx.set_option(name, value)
         self.backend = self.ctx.backend
         self.device = self.ctx.device_name
         self.build = pyquant.build_info()
