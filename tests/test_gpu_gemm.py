@@ -292,6 +292,32 @@ def test_w4a16_gpu_prefill(rng, gpu_ctx, x_dt, group_size, symmetric, scale_dt, 
                     f"scales={scale_dt} y={y_dt} m={m}", assert_close, "forced")
 
 
+@pytest.mark.parametrize("x_dt,scale_dt", [(BF16, BF16), (F16, BF16)], ids=["fold", "grp"])
+@pytest.mark.parametrize("tile", [64, 128, 256])
+def test_w4a16_gpu_prefill_forced_tile(rng, gpu_ctx, tile, x_dt, scale_dt, poisoned_output, assert_close):
+    """The prefill_tile option (a speed choice: 64, 128, 256 tokens; 256 only where the scale
+    folds into A, else 128) on its own and with split_k 3, at M = 300 (ragged in every tile),
+    N = 264 (the second row tile partial), K = 1024 with G = 64 asym: against the numpy
+    reference as the auto plan's calls are (check_w4a16)."""
+    _need_prefill(gpu_ctx)
+    name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
+    n, k, m, g = 264, 1024, 300, 64
+    w = random_int4(rng, n, k, g, False, scale_dt)
+    wd = w.to_device(gpu_ctx, layout="frag")
+    x = random_x(rng, m, k, x_dt)
+    xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+    gpu_ctx.set_option("prefill_tile", tile)
+    try:
+        for split in (0, 3):
+            gpu_ctx.set_option("split_k", split)
+            y = _force(gpu_ctx, "w4a16", name, lambda: _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32))
+            check_w4a16(y, x, w, F32, f"w4a16 prefill tile {tile} split_k {split} x={x_dt} m={m}",
+                        assert_close, "forced")
+    finally:
+        gpu_ctx.set_option("prefill_tile", 0)
+        gpu_ctx.set_option("split_k", 0)
+
+
 def test_w4a16_gpu_prefill_large(rng, gpu_ctx, poisoned_output, assert_close):
     """Many row and token tiles: N = 4104 (33 row tiles, the last partial), K = 2048, M = 517
     (5 tiles of 128 tokens, the last partial), under auto (which picks prefill here)."""
@@ -319,35 +345,35 @@ ctx.synchronize()
 """
 
 
-def _prefill_tile_logged(n: int, k: int, m: int, g: int, symmetric: bool) -> tuple[int, int]:
-    """(tokens per tile, SMs) of the prefill call a child process logs for bf16 x and scales."""
+def _prefill_launches_logged(n: int, k: int, m: int, g: int, symmetric: bool) -> tuple[list, int]:
+    """([(tokens, tokens per tile) of each prefill launch], SMs) of the call a child process
+    logs for bf16 x and scales."""
     p = subprocess.run([sys.executable, "-c", _TILE_CHILD, *(str(v) for v in (n, k, m, g, int(symmetric)))],
                        env=dict(os.environ, QG_LOG="1"), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"child failed:\n{p.stderr[-2000:]}"
-    tile = re.search(rf"w4a16 prefill_wgmma m={m} n={n} k={k} g={g} \w+ \(scale folded into A\): "
-                     rf"tile 128 rows x (\d+) tokens", p.stderr)
+    launches = re.findall(rf"w4a16 prefill_wgmma m=(\d+) n={n} k={k} g={g} \w+ \(scale folded into A\): "
+                          rf"tile 128 rows x (\d+) tokens", p.stderr)
     sms = re.search(r"context \S+ device \d+: .*, (\d+) SMs", p.stderr)
-    assert tile and sms, f"no folded prefill or context line in the child's QG_LOG output:\n{p.stderr[-2000:]}"
-    return int(tile.group(1)), int(sms.group(1))
+    assert launches and sms, f"no folded prefill or context line in the child's QG_LOG output:\n{p.stderr[-2000:]}"
+    return [(int(a), int(b)) for a, b in launches], int(sms.group(1))
 
 
 @pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
 @pytest.mark.parametrize("group_size", [32, 64, 128], ids=lambda g: f"g{g}")
 def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, poisoned_output, assert_close,
                                      assert_bitwise_equal):
-    """bf16 x and bf16 scales on a grid that holds two waves of 256-token tiles: N = 128 x 132
-    (132 row tiles), M = 520 (three token tiles of 256, the last 8 tokens wide), K = 384 (3
-    chunks: 12, 6 or 3 groups). prefill_plan (src/gpu/w4a16_prefill_launch.cpp) takes the
-    256-token tile where the kernel folds and row tiles x ceil(M / 256) >= 2 x SMs: 396 >= 264
-    on the H200's 132. A child's QG_LOG=1 lines give the tile and the SM count; the 256-token
-    tile is asserted wherever that rule holds (a GPU with more than 198 SMs runs 128 and the
-    rest of the test still holds). Against the folded reference (check_w4a16), and one-hot
-    rows give each folded weight bit for bit."""
+    """bf16 x and bf16 scales above 128 tokens: N = 128 x 132 (132 row tiles), M = 520 (two
+    token tiles of 256 and a tail of 8), K = 384 (3 chunks: 12, 6 or 3 groups). prefill_plan
+    (src/gpu/w4a16_prefill_launch.cpp) takes the 256-token tile wherever the kernel folds and
+    M > 128, and runs a tail of at most 128 tokens past the last full 256 as its own launch
+    with the tile of its M; a child's QG_LOG=1 lines give each launch's tokens and tile.
+    Against the folded reference (check_w4a16), and one-hot rows (M = 520 again) give each
+    folded weight bit for bit."""
     _need_prefill(gpu_ctx)
     n, k, m = 128 * 132, 384, 520
-    tile, sms = _prefill_tile_logged(n, k, m, group_size, symmetric)
-    if (n // 128) * math.ceil(m / 256) >= 2 * sms:
-        assert tile == 256, f"{sms} SMs, {n // 128} row tiles x {math.ceil(m / 256)}: the plan took {tile} tokens"
+    launches, sms = _prefill_launches_logged(n, k, m, group_size, symmetric)
+    assert launches == [(512, 256), (8, 64)], f"{sms} SMs, M = {m}: the plan launched {launches}"
+    tile = 256
     name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
     w = random_int4(rng, n, k, group_size, symmetric, BF16)
     wd = w.to_device(gpu_ctx)

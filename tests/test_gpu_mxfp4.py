@@ -145,11 +145,10 @@ def test_mxfp4_gpu_one_hot(rng, gpu_ctx, assert_bitwise_equal):
 
 
 def test_mxfp4_gpu_wide_prefill_tile(rng, gpu_ctx, poisoned_output, assert_close, assert_bitwise_equal):
-    """bf16 prefill on a grid that holds two waves of 256-token tiles (N = 132 row tiles of
-    128, M = 520: three token tiles, the last ragged; src/gpu/w4a16_prefill_launch.cpp picks
-    the 256-token tile there): the reference within the bound, and one-hot rows bit for bit.
-    The tile choice is logged (QG_LOG=1), not asserted; on a GPU with fewer SMs the same
-    shapes run the 128-token tile and the test still holds."""
+    """bf16 prefill above 128 tokens (N = 132 row tiles of 128, M = 520: three token tiles,
+    the last ragged; src/gpu/w4a16_prefill_launch.cpp picks the 256-token tile there, the
+    W4A16 test of it asserts the choice): the reference within the bound, and one-hot rows
+    bit for bit."""
     _need()
     n, k, m = 128 * 132, 256, 520
     w = random_mxfp4(rng, (n,), k, E_FINITE)

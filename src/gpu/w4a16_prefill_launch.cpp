@@ -55,17 +55,19 @@ bool frag_launch::prefill_usable(const qg_context* ctx, const Args& a, const cha
 
 namespace {
 
-// Tile width, grid and split-K of one prefill call (measured on the H200: bench/NOTES.md,
-// "W4A16 prefill", "MXFP4 dense on the GPU" and "Prefill split-K"):
-//   - 64-token tiles when 128 would leave most of one empty (m <= 64) or the grid short of
-//     two waves; 256 where the kernel folds the scale into A (bf16 x and bf16 scales, MXFP4 or
-//     W4A16: prefill_folds) and the grid holds two waves of it (the fold leaves the group-sum
-//     registers free for the larger accumulator: half the dequantization per FLOP); else 128;
-//   - split-K where the grid is under half a wave (narrow N with long K at small M: 32 or 42
-//     row tiles at M = 64 on 4096 x 14336 and 5376 x 21504): the splits bring it to about two
-//     waves, each at least 4 chunks (512 of K) long; the partial sums go to the workspace and
-//     prefill_reduce adds them in split order (deterministic), then the bias. Grids of half
-//     a wave and more ran slower split (112 row tiles at M = 64, 128 x 3 at M = 512).
+// Tile width, grid and split-K of one prefill call, from the sweep of every tile x split on
+// the H200 (bench/sweep_prefill.py; bench/NOTES.md, "Prefill plan from the sweep"):
+//   - the token tile by M alone: 64 up to 64 tokens, 128 up to 128, else 256 where the kernel
+//     folds the scale into A (bf16 x and bf16 scales, MXFP4 or W4A16: prefill_folds; the
+//     registers of the group sums go to the larger accumulator), else 128. The 256-token tile
+//     did half the dequantization per FLOP and measured 1.3-1.9x faster than 128 from M = 256
+//     on every shape, short grids included (a rule on the block count had kept 64 or 128 there);
+//   - split-K where the grid leaves most of one wave idle and K is long (narrow N with long K:
+//     32 or 42 row tiles on 4096 x 14336 and 5376 x 21504): as many splits as fill one wave of
+//     block slots (two a SM at 64 tokens, one at 128 and 256), each at least 16 chunks (2048
+//     of K); the partial sums go to the workspace and prefill_reduce adds them in split order
+//     (deterministic), then the bias. Splits past one wave, or of K = 4096 / 5376, measured
+//     slower (a wave and a half leaves SMs with two blocks beside SMs with one).
 struct PrefillPlan {
     bool fold = false;  // the kernel takes the scale into A (prefill_folds)
     int bn = 128, splits = 1;
@@ -77,16 +79,15 @@ PrefillPlan prefill_plan(const qg_context* ctx, const Args& a) {
     const frag::Geometry geo(a.n, a.k, a.group_size);
     const int64_t sms = std::max(ctx->sm_count, 1);
     pl.row_tiles = ceil_div(a.n, PF_ROWS);
-    const bool small_m = a.m <= 64;
-    const bool few_blocks = pl.row_tiles * ceil_div(a.m, 128) < 2 * sms;
     pl.fold = prefill_folds(elem_type(a.x_dtype), elem_type(a.scale_dtype));
-    const bool wide = pl.fold && pl.row_tiles * ceil_div(a.m, 256) >= 2 * sms;
-    pl.bn = small_m || few_blocks ? 64 : wide ? 256 : 128;
+    pl.bn = a.m <= 64 ? 64 : a.m <= 128 || !pl.fold ? 128 : 256;
+    if (ctx->prefill_tile > 0) pl.bn = ctx->prefill_tile == 256 && !pl.fold ? 128 : static_cast<int>(ctx->prefill_tile);
     pl.token_tiles = ceil_div(a.m, pl.bn);
     const int64_t blocks = pl.row_tiles * pl.token_tiles;
-    constexpr int64_t kMinChunks = 4, kMaxSplits = 16;
-    if (2 * blocks < sms && geo.k_chunks >= 2 * kMinChunks)
-        pl.splits = static_cast<int>(std::min({ceil_div(2 * sms, blocks), geo.k_chunks / kMinChunks, kMaxSplits}));
+    const int64_t slots = sms * (pl.bn == 64 ? 2 : 1);
+    constexpr int64_t kMinChunks = 16, kMaxSplits = 8, kMinK = 8192;
+    if (2 * blocks <= slots && a.k >= kMinK)
+        pl.splits = static_cast<int>(std::max<int64_t>(1, std::min({slots / blocks, geo.k_chunks / kMinChunks, kMaxSplits})));
     if (ctx->split_k > 0) pl.splits = static_cast<int>(std::min<int64_t>(ctx->split_k, geo.k_chunks));  // tests
     return pl;
 }
@@ -95,13 +96,48 @@ size_t partial_bytes(const PrefillPlan& pl, const Args& a) {
     return pl.splits > 1 ? static_cast<size_t>(pl.splits) * static_cast<size_t>(a.m) * static_cast<size_t>(a.n) * 4 : 0;
 }
 
+// The ragged tail of M: past a multiple of 256 tokens, a tail of at most 128 would cost a whole
+// 256-token tile of every row tile (M = 300: 2.1x M = 256; M = 517: 1.7x M = 512, measured).
+// It runs as a second launch on the rows after the last full 256-token tile, with the tile its
+// own M picks (64 or 128), so that it costs about what a call of that M costs. Returns the tokens
+// of the first launch (all of M when there is no such tail).
+int64_t main_tokens(const qg_context* ctx, const Args& a, const PrefillPlan& pl) {
+    const int64_t tail = a.m % 256;
+    if (pl.bn != 256 || ctx->prefill_tile > 0 || a.m < 256 || tail == 0 || tail > 128) return a.m;
+    return a.m - tail;
+}
+
+// The call on rows [m0, m0 + rows) of x and y.
+Args row_slice(const Args& a, int64_t m0, int64_t rows) {
+    Args s = a;
+    s.m = rows;
+    s.x = static_cast<const char*>(a.x) + m0 * a.ldx * static_cast<int64_t>(dtype_size(a.x_dtype));
+    s.y = static_cast<char*>(a.y) + m0 * a.ldy * static_cast<int64_t>(dtype_size(a.y_dtype));
+    return s;
+}
+
+qg_status prefill_once(const qg_context* ctx, const Args& a, int code, qg_stream stream);
+
 }  // namespace
 
 size_t frag_launch::prefill_workspace(const qg_context* ctx, const Args& a) {
-    return partial_bytes(prefill_plan(ctx, a), a);
+    const PrefillPlan pl = prefill_plan(ctx, a);
+    const int64_t m1 = main_tokens(ctx, a, pl);
+    if (m1 == a.m) return partial_bytes(pl, a);
+    const Args head = row_slice(a, 0, m1), tail = row_slice(a, m1, a.m - m1);
+    return std::max(partial_bytes(prefill_plan(ctx, head), head), partial_bytes(prefill_plan(ctx, tail), tail));
 }
 
 qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, qg_stream stream) {
+    const int64_t m1 = main_tokens(ctx, a, prefill_plan(ctx, a));
+    if (m1 == a.m) return prefill_once(ctx, a, code, stream);
+    const qg_status st = prefill_once(ctx, row_slice(a, 0, m1), code, stream);
+    return st != QG_OK ? st : prefill_once(ctx, row_slice(a, m1, a.m - m1), code, stream);
+}
+
+namespace {
+
+qg_status prefill_once(const qg_context* ctx, const Args& a, int code, qg_stream stream) {
 #if defined(QG_HAVE_TENSOR_MAPS)
     const char* what = code == CODE_E2M1 ? "mxfp4 prefill_wgmma" : "w4a16 prefill_wgmma";
     const frag::Geometry geo(a.n, a.k, a.group_size);
@@ -152,6 +188,8 @@ qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, q
     return set_error(QG_ERR_INTERNAL, "unreachable: prefill_wgmma without tensor maps");
 #endif
 }
+
+}  // namespace
 
 const Tier<Args> gpu_w4a16_prefill_tier = {QG_GPU_RUNTIME_NAME ":prefill_wgmma", 3, prefill_usable,
                                            prefill_workspace, prefill_launch};
