@@ -370,53 +370,76 @@ __global__ void __launch_bounds__(GATHER_THREADS) moe_gather(const GatherParams 
 }
 
 // act[p, c] = activation(h[p, c] + gate bias, h[p, Ip + c] + up bias) for each slot in use
-// that holds a pair (its expert from the slot's tile), the two h values cleared.
+// that holds a pair (its expert from the slot's tile), the two h values cleared. A block per
+// slot; each thread reads ACT_UNROLL columns' gate and up values (of every split plane) before
+// it clears or stores any, so that a thread keeps that many loads in flight (a thread per
+// element, each waiting for its routing entry, then its loads, ran at ~0.25 TB/s).
 __global__ void __launch_bounds__(ACT_THREADS) moe_act(const ActParams p) {
     const int rows = min(max(p.num_sorted[0], 0), p.max_rows);
-    const int64_t i = static_cast<int64_t>(blockIdx.x) * ACT_THREADS + threadIdx.x;
-    if (i >= static_cast<int64_t>(rows) * p.inter) return;
-    const int r = static_cast<int>(i / p.inter), c = static_cast<int>(i % p.inter);
+    const int r = blockIdx.x;
+    if (r >= rows) return;
     const int q = p.sorted_ids[r];
     const int e = p.tile_experts[r / p.tile_m];
     if (q < 0 || q >= p.pairs || e < 0 || e >= p.experts) return;
-    float gate = 0.0f, up = 0.0f;
-    for (int z = 0; z < p.splits; ++z) {  // the splits' sums in order (one plane: the sum itself)
-        float* hg = p.h + z * p.plane + static_cast<int64_t>(q) * p.ld_h + c;
-        gate = z == 0 ? *hg : gate + *hg;
-        up = z == 0 ? hg[p.part_rows] : up + hg[p.part_rows];
-        hg[0] = 0.0f;
-        hg[p.part_rows] = 0.0f;
-    }
+    float* __restrict__ row = p.h + static_cast<int64_t>(q) * p.ld_h;
     const int64_t b0 = static_cast<int64_t>(e) * 2 * p.inter;
-    gate += bias_at(p.bias, b0 + (p.concat ? c : 2 * c));
-    up += bias_at(p.bias, b0 + (p.concat ? p.inter + c : 2 * c + 1));
+    for (int c0 = threadIdx.x; c0 < p.inter; c0 += ACT_UNROLL * ACT_THREADS) {
+        float gate[ACT_UNROLL], up[ACT_UNROLL];
+#pragma unroll
+        for (int j = 0; j < ACT_UNROLL; ++j) {
+            const int c = c0 + j * ACT_THREADS;
+            gate[j] = up[j] = 0.0f;
+            if (c >= p.inter) continue;
+            for (int z = 0; z < p.splits; ++z) {  // the splits' sums in order (one plane: the sum itself)
+                const float* hg = row + z * p.plane + c;
+                gate[j] = z == 0 ? hg[0] : gate[j] + hg[0];
+                up[j] = z == 0 ? hg[p.part_rows] : up[j] + hg[p.part_rows];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < ACT_UNROLL; ++j) {
+            const int c = c0 + j * ACT_THREADS;
+            if (c >= p.inter) continue;
+            for (int z = 0; z < p.splits; ++z) {
+                row[z * p.plane + c] = 0.0f;
+                row[z * p.plane + c + p.part_rows] = 0.0f;
+            }
+            const float g = gate[j] + bias_at(p.bias, b0 + (p.concat ? c : 2 * c));
+            const float u = up[j] + bias_at(p.bias, b0 + (p.concat ? p.inter + c : 2 * c + 1));
 #if defined(QG_HAS_MMA_SYNC)
-    store_out(p.act, static_cast<int64_t>(q) * p.inter + c, glu(p.activation, gate, up, p.alpha, p.limit), p.act_type);
+            store_out(p.act, static_cast<int64_t>(q) * p.inter + c, glu(p.activation, g, u, p.alpha, p.limit),
+                      p.act_type);
 #else
-    (void)gate, (void)up;
-    qg_device_trap();
+            (void)g, (void)u;
+            qg_device_trap();
 #endif
+        }
+    }
 }
 
 // y[t, h] = sum over j ascending of topk_weights[t, j] * out[t * top_k + j, h] in fp32 (out: the
 // sum of the split planes in order), rounded once to y's type; out is zeroed as it is read (the
-// workspace contract).
+// workspace contract). Block (token, column range): each thread reads its column of every slot
+// and plane before it clears any (restrict: the loads are not held behind the stores).
 __global__ void __launch_bounds__(COMBINE_THREADS) moe_combine(const CombineParams p) {
-    const int64_t i = static_cast<int64_t>(blockIdx.x) * COMBINE_THREADS + threadIdx.x;
-    if (i >= static_cast<int64_t>(p.tokens) * p.hidden) return;
-    const int64_t tok = i / p.hidden, h = i % p.hidden;
-    float s = 0.0f;
-    for (int jj = 0; jj < p.top_k; ++jj) {
-        const int64_t pair = tok * p.top_k + jj;
-        float v = 0.0f;
-        for (int z = 0; z < p.splits; ++z) {  // the splits' sums in order
-            float* o = p.out + z * p.plane + pair * p.hidden + h;
-            v = z == 0 ? *o : v + *o;
-            *o = 0.0f;
+    const int64_t tok = blockIdx.x;
+    if (tok >= p.tokens) return;
+    const float* __restrict__ weights = p.topk_weights + tok * p.top_k;
+    for (int h = blockIdx.y * COMBINE_THREADS + threadIdx.x; h < p.hidden; h += gridDim.y * COMBINE_THREADS) {
+        float* __restrict__ out = p.out + tok * p.top_k * p.hidden + h;
+        float s = 0.0f;
+        for (int jj = 0; jj < p.top_k; ++jj) {
+            float v = 0.0f;
+            for (int z = 0; z < p.splits; ++z) {  // the splits' sums in order
+                const float o = out[z * p.plane + static_cast<int64_t>(jj) * p.hidden];
+                v = z == 0 ? o : v + o;
+            }
+            s += weights[jj] * v;
         }
-        s += p.topk_weights[pair] * v;
+        for (int jj = 0; jj < p.top_k; ++jj)
+            for (int z = 0; z < p.splits; ++z) out[z * p.plane + static_cast<int64_t>(jj) * p.hidden] = 0.0f;
+        store_out(p.y, tok * p.ldy + h, s, p.y_type);
     }
-    store_out(p.y, tok * p.ldy + h, s, p.y_type);
 }
 
 const void* gemm_kernel(int x_type, int mt, int stage) {

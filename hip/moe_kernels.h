@@ -133,6 +133,7 @@ struct ActParams {
     int act_type;
 };
 constexpr int ACT_THREADS = 256;
+constexpr int ACT_UNROLL = 4;  // columns a thread reads before it writes (hip/moe.hip)
 __global__ void moe_act(const ActParams p);
 
 // ---------------------------------------------------------------- combine (stage 2)

@@ -527,13 +527,15 @@ def default_tile_m(num_tokens: int, top_k: int, num_experts: int, widest: int = 
     rows_per_expert = num_tokens * top_k / max(num_experts, 1)
     # Every expert's rows are padded up to a multiple of tile_m: with a few rows per
     # expert (decode) the smallest tile wastes least; with many, a taller tile reuses
-    # each dequantized weight tile across more rows. 128 and 256 run on the GPU's grouped
-    # wgmma tier (sm_90a), whose correctness was not yet run on a GPU: the default stops at
-    # 64 (the mma.sync tiles, tested) until it has been (bench/NOTES.md).
-    for tile, most_rows in ((16, 16), (32, 32), (64, 96), (128, 192)):
+    # each dequantized weight tile across more rows. Measured on the H200 (GPT-OSS-20b and
+    # 120b, bench/NOTES.md "MoE grouped tier"): 16 up to 16 rows an expert, 32 up to 32, then
+    # 128 (the grouped wgmma tier: 20b T = 512 / 2048 768 / 2199 us against 923 / 2987 at 64
+    # and 2676 at 256, whose second tile an expert is mostly padding); 64 where 128 is not
+    # allowed (the CPU tier; GPUs without the grouped tier).
+    for tile, most_rows in ((16, 16), (32, 32)):
         if rows_per_expert <= most_rows or tile >= widest:
             return tile
-    return 256
+    return 128 if widest >= 128 else 64
 
 
 def _index_operand(a, name: str, dtype, kind: str, stream=None) -> DeviceView:
@@ -670,7 +672,10 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
     if yv is None:
         result = _result_array(numpy_result, tuple(lead) + (h,), y_np_dtype, c)
         yv, _ = _rows(result, "out", "H", allow_copy=False)
-    tm = int(tile_m) if tile_m is not None else default_tile_m(t, top_k, e)
+    # GPU: up to 128-token expert tiles (the grouped wgmma tier, sm_90a); where the stages
+    # refuse them (no such tier on this device), the context remembers 64 and the call reruns
+    widest = getattr(c, "_moe_widest", 128 if c.is_gpu else 64)
+    tm = int(tile_m) if tile_m is not None else default_tile_m(t, top_k, e, widest)
 
     max_sorted, max_tiles = ctypes.c_int64(), ctypes.c_int64()
     _lib.qg_moe_align_sizes(t, top_k, e, tm, ctypes.byref(max_sorted), ctypes.byref(max_tiles))
@@ -705,7 +710,14 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
     ws_bytes = ctypes.c_size_t(0)
     _lib.qg_moe_stage1_workspace_size(c.handle, ctypes.byref(args1), ctypes.byref(ws_bytes))
     args1.workspace, args1.workspace_bytes = c.workspace(ws_bytes.value, s, purpose="moe.stage1")
-    _lib.qg_moe_stage1(c.handle, ctypes.byref(args1), s)
+    try:
+        _lib.qg_moe_stage1(c.handle, ctypes.byref(args1), s)
+    except QuantGemmError as err:
+        if tile_m is not None or tm <= 64 or err.status != _lib.Status.QG_ERR_UNSUPPORTED:
+            raise
+        c._moe_widest = 64  # nothing was written: the stage refused the tile before any launch
+        return moe(x, topk_ids, topk_weights, w13, w2, activation, gate_up_layout, w13_bias, w2_bias,
+                   default_tile_m(t, top_k, e, 64), ctx, stream, alpha, limit, out, out_dtype)
     args2 = _lib.qg_moe_stage2_args(
         num_tokens=t, top_k=top_k, num_experts=e, tile_m=tm, hidden=h, intermediate=inter,
         act_dtype=x_dt, act=_ptr(av), sorted_ids=_ptr(sv), tile_experts=_ptr(tv),

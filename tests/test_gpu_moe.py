@@ -170,6 +170,30 @@ def test_gpu_moe_tiers_by_name_at_tile_64(rng, gpu_ctx, poisoned_output, assert_
         gpu_ctx.set_tier("moe", "auto")
 
 
+def test_gpu_moe_default_tile_falls_back_where_128_is_refused(rng, gpu_ctx, poisoned_output, assert_close):
+    """pyquant.moe without tile_m takes 128-token expert tiles on a GPU above 32 rows an expert
+    (default_tile_m); where the stages refuse 128 (here: the mma.sync tier forced by name, as
+    on a GPU without the grouped wgmma tier) the call reruns at 64, the context remembers it,
+    and the result is the reference's."""
+    _need(gpu_ctx)
+    name = next((t for t in tiers.tiers().get("moe", []) if t.endswith(":moe_mma")), None)
+    if name is None:
+        pytest.skip(f"no moe_mma tier in this build: {pyquant.build_info()}")
+    e, top_k, h, inter, t = 4, 2, 256, 128, 300  # 150 rows an expert: default tile 128
+    assert pyquant.api.default_tile_m(t, top_k, e, 128) == 128
+    x, ids, wts, w13, w2 = _layer(rng, t, e, top_k, h, inter, BF16)
+    gpu_ctx.set_tier("moe", name)
+    try:
+        y = _run_moe(gpu_ctx, poisoned_output, x, ids, wts, w13, w2, "interleaved", "swiglu_oai", None, BF16)
+        assert gpu_ctx._moe_widest == 64
+    finally:
+        gpu_ctx.set_tier("moe", "auto")
+        gpu_ctx.__dict__.pop("_moe_widest", None)
+    ref = reference.moe(x, ids, wts, w13.dequantize(), w2.dequantize(), np.asarray(w13.bias),
+                        np.asarray(w2.bias).astype(np.float32), act_dtype=BF16)
+    assert_close(y, ref, moe_bound(h, inter, BF16, BF16), "gpu moe default tile after the fallback")
+
+
 def test_gpu_stage1_writes_every_pair_row_and_nothing_else(rng, gpu_ctx, assert_close):
     """Stage 1 alone into an act buffer with poisoned guard rows before and after: every
     pair's row is the reference activation, the guards keep their bits."""

@@ -193,7 +193,7 @@ qg_status activation(const qg_moe_stage1_args& a, const GemmCall& c, float* h, i
     q.act = a.act;
     q.act_type = elem_type(a.x_dtype);
     return launch_util::launch(reinterpret_cast<const void*>(&moe::moe_act),
-                               dim3(static_cast<unsigned>(ceil_div(max_sorted * a.intermediate, moe::ACT_THREADS))),
+                               dim3(static_cast<unsigned>(max_sorted)),
                                moe::ACT_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe stage1 activation");
 }
 
@@ -245,8 +245,8 @@ qg_status combine(const qg_moe_stage2_args& a, float* out, int64_t plane, int sp
     q.top_k = a.top_k;
     q.hidden = static_cast<int>(a.hidden);
     q.y_type = elem_type(a.y_dtype);
-    const int64_t sum_blocks = ceil_div(a.num_tokens * a.hidden, moe::COMBINE_THREADS);
-    return launch_util::launch(reinterpret_cast<const void*>(&moe::moe_combine), dim3(static_cast<unsigned>(sum_blocks)),
+    const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(std::min<int64_t>(ceil_div(a.hidden, moe::COMBINE_THREADS), kMaxGridY)));
+    return launch_util::launch(reinterpret_cast<const void*>(&moe::moe_combine), grid,
                                moe::COMBINE_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe combine");
 }
 
