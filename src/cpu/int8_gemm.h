@@ -70,7 +70,7 @@ void int8_gemm(const qg_context* ctx, Int8Kind kind, int64_t M, int64_t N, int64
                const void* x, int64_t ldx, Source&& source, Decode&& decode, FloatDecode&& fdecode, Store&& store) {
     const int threads = gemm_threads(ctx, M, N, K);
     const bool avx2 = rows_available();          // the AVX2 decoders of int8_rows.h
-    const bool small_m = avx2 && M <= ROWS_MAX_M;  // ... multiplying at once, no panel
+    const bool small_m = avx2 && M <= rows_max_m();  // ... multiplying at once, no panel
     const int64_t n_panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
     const int esize = dtype_bytes(x_dtype);
     std::vector<uint8_t> bad_row((size_t)N, 0);  // weight rows with a non-finite scale

@@ -625,6 +625,11 @@ bool rows_available() {
 #endif
 }
 
+int64_t rows_max_m() {
+    static const bool vnni_panels = int8_isa() >= Isa::AVX512_VNNI;  // the panels' dot is vpdpbusd
+    return vnni_panels ? 2 : 4;
+}
+
 // The entry points build a decoder on 8 rows of the source; without AVX2 they are never
 // called (rows_available() is false) and compile to nothing.
 #if QG_INT8_HAVE_AVX2

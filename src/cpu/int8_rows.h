@@ -18,11 +18,14 @@ namespace cpu {
 constexpr int ROWS_GROUP = 8;  // weight rows per decoder pass
 // Activation rows per pass of rows_kernel; each weight block is decoded once per pass.
 constexpr int ROWS_M = 2;
-// The largest M the driver gives rows_kernel rather than the panels: at M = 4 the panel
-// path measured 1.3-5x slower, at M = 8 the two were even (bench/NOTES.md, "CPU tier").
-constexpr int64_t ROWS_MAX_M = 4;
 
 bool rows_available();
+
+// The largest M the driver gives rows_kernel rather than the panels (bench/NOTES.md, "CPU
+// tier"): 4 on AVX2, where the panels measured 1.3-5x slower at M = 4 and even at M = 8
+// (Zen 1); 2 with AVX-512 VNNI, whose panel dot (vpdpbusd, 16 rows a zmm) made the panels
+// faster from M = 3 on and even at M = 2 (Zen 5). Either choice gives the same bits.
+int64_t rows_max_m();
 
 // The weight rows of one panel (PANEL_ROWS of them; rows past the weight's last repeat it),
 // in the format's own layout.
