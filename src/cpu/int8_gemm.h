@@ -59,6 +59,11 @@ inline void log_int8(const char* family, const char* format, int64_t M, int64_t 
 // Row n0 + r of a panel of count rows: rows past count repeat the last one (computed,
 // never stored).
 inline int64_t panel_row(int64_t n0, int count, int r) { return n0 + (r < count ? r : count - 1); }
+// Row r < SRC_ROWS of a source (int8_rows.h) of the panel at n0 of count rows, N in all:
+// panel_row, then the next panel's rows, the last row of the weight past its end.
+inline int64_t src_row(int64_t n0, int count, int64_t N, int r) {
+    return r < PANEL_ROWS ? panel_row(n0, count, r) : std::min<int64_t>(n0 + r, N - 1);
+}
 
 // source(n0, count): the int8_rows.h source (GgufSrc, Mxfp4Src, Int4Src) of the panel of
 // weight rows n0 .. n0 + count - 1, read by the AVX2 decoders. decode(n, k0, kc, out): the

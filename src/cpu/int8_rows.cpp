@@ -30,6 +30,15 @@ constexpr int GROUP = ROWS_GROUP;  // weight rows per pass: one ymm of block sum
 // stream at once); 256, 2048 and 4096 measured within this VM's noise of it.
 constexpr int PREFETCH_BYTES = 1024;
 
+// Prefetches line `off` of a row PREFETCH_BYTES ahead and the same line of the row a group
+// further on (int8_rows.h, SRC_ROWS: this panel's next 8 rows, or the next panel's first
+// 8), which the next pass will read: without it every pass began with its 8 rows cold
+// (one q4_0 row of K = 4096 is 36 lines, 16 of them before the prefetch distance).
+QG_AVX2_INLINE void prefetch_row(const void* row, const void* next, int64_t off) {
+    _mm_prefetch((const char*)row + off + PREFETCH_BYTES, _MM_HINT_T0);
+    _mm_prefetch((const char*)next + off, _MM_HINT_T0);
+}
+
 // Rows r (low 128 bits) and r + 4 (high) of 16 bytes each.
 QG_AVX2_INLINE __m256i load2(const uint8_t* r, const uint8_t* r4) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)r)),
@@ -116,14 +125,19 @@ struct GgufRows {
     static const int MAX_CODE;
     // the panel's representation of a row pair's codes (the same as this decoder's here)
     QG_AVX2_INLINE void to_panel(int, const int32_t*, __m256i&, __m256i&) const {}
-    const uint8_t* row[GROUP];
+    const uint8_t *row[GROUP], *next[GROUP];
     GgufRows(const GgufSrc<Block>& src, int g0) {
-        for (int r = 0; r < GROUP; ++r) row[r] = src.row[g0 + r];
+        for (int r = 0; r < GROUP; ++r) {
+            row[r] = src.row[g0 + r];
+            next[r] = src.row[g0 + GROUP + r];
+        }
     }
     QG_AVX2_INLINE const uint8_t* at(int r, int64_t fb) const { return row[r] + fb * BYTES; }
+    // every line that starts in block fb (relative to the row start): blocks of more than
+    // 64 bytes span several, and one prefetch per block had left q6_K (210 bytes) 2/3 cold
     QG_AVX2_INLINE void prefetch(int64_t fb) const {
-        if (((fb * BYTES) & 63) < BYTES)
-            for (int r = 0; r < GROUP; ++r) _mm_prefetch((const char*)at(r, fb) + PREFETCH_BYTES, _MM_HINT_T0);
+        for (int64_t off = (fb * BYTES + 63) & ~(int64_t)63; off < (fb + 1) * BYTES; off += 64)
+            for (int r = 0; r < GROUP; ++r) prefetch_row(row[r], next[r], off);
     }
     QG_AVX2_INLINE unsigned scales8(int64_t fb, float* sw, float* mw, int32_t* sub) const;
     template <int J>
@@ -336,10 +350,12 @@ struct Mxfp4Rows {
     static constexpr bool SIGNED = true, SUB = false, MW = false, ROW_OFF = false;
     static constexpr int OFF = 0, MAX_CODE = 12;
     const uint8_t* blocks[GROUP];  // [K/32][16] of each row
+    const uint8_t* next[GROUP];    // ... of the rows a group further on
     const uint8_t* e[GROUP];       // [K/32]
     Mxfp4Rows(const Mxfp4Src& src, int g0) {
         for (int r = 0; r < GROUP; ++r) {
             blocks[r] = src.blocks[g0 + r];
+            next[r] = src.blocks[g0 + GROUP + r];
             e[r] = src.scales[g0 + r];
         }
     }
@@ -350,8 +366,7 @@ struct Mxfp4Rows {
     }
     QG_AVX2_INLINE void prefetch(int64_t fb) const {
         if ((fb & 3) == 0)
-            for (int r = 0; r < GROUP; ++r)
-                _mm_prefetch((const char*)blocks[r] + fb * MXFP4_BLOCK_BYTES + PREFETCH_BYTES, _MM_HINT_T0);
+            for (int r = 0; r < GROUP; ++r) prefetch_row(blocks[r], next[r], fb * MXFP4_BLOCK_BYTES);
     }
     QG_AVX2_INLINE unsigned scales8(int64_t fb, float* sw, float*, int32_t*) const {
         unsigned ok = 0;
@@ -372,6 +387,7 @@ struct Int4Rows {
     static constexpr bool SIGNED = false, SUB = false, MW = false, ROW_OFF = true;
     static constexpr int OFF = 0, MAX_CODE = 15;
     const int32_t* qweight[GROUP];  // [K/8] of each row
+    const int32_t* next[GROUP];     // ... of the rows a group further on
     const void* scales_row[GROUP];  // [K/G]
     int64_t n[GROUP];               // the row's index (for its zero-point)
     qg_dtype scale_dtype;
@@ -382,6 +398,7 @@ struct Int4Rows {
         : scale_dtype(src.scale_dtype), qzeros(src.qzeros), groups(src.groups), group_size(src.group_size) {
         for (int r = 0; r < GROUP; ++r) {
             qweight[r] = src.qweight[g0 + r];
+            next[r] = src.qweight[g0 + GROUP + r];
             scales_row[r] = src.scales_row[g0 + r];
             n[r] = src.n[g0 + r];
         }
@@ -398,8 +415,7 @@ struct Int4Rows {
     }
     QG_AVX2_INLINE void prefetch(int64_t fb) const {
         if ((fb & 3) == 0)
-            for (int r = 0; r < GROUP; ++r)
-                _mm_prefetch((const char*)(qweight[r] + 4 * fb) + PREFETCH_BYTES, _MM_HINT_T0);
+            for (int r = 0; r < GROUP; ++r) prefetch_row(qweight[r], next[r], 4 * fb * (int64_t)sizeof(int32_t));
     }
     // The current group's scales and zero-points, decoded when a block starts a new group
     // (G / 32 blocks share them).

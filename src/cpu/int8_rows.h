@@ -28,17 +28,20 @@ bool rows_available();
 int64_t rows_max_m();
 
 // The weight rows of one panel (PANEL_ROWS of them; rows past the weight's last repeat it),
-// in the format's own layout.
+// in the format's own layout. The codes' pointers go on for the next panel's first
+// ROWS_GROUP rows (SRC_ROWS in all; past the weight's last row, the last), which the
+// decoders only prefetch.
+constexpr int SRC_ROWS = PANEL_ROWS + ROWS_GROUP;
 template <class Block>
 struct GgufSrc {
-    const uint8_t* row[PANEL_ROWS];  // row starts
+    const uint8_t* row[SRC_ROWS];  // row starts
 };
 struct Mxfp4Src {
-    const uint8_t* blocks[PANEL_ROWS];  // [K/32][16] of each row
+    const uint8_t* blocks[SRC_ROWS];    // [K/32][16] of each row
     const uint8_t* scales[PANEL_ROWS];  // [K/32]
 };
 struct Int4Src {
-    const int32_t* qweight[PANEL_ROWS];  // [K/8] words of each row
+    const int32_t* qweight[SRC_ROWS];    // [K/8] words of each row
     const void* scales_row[PANEL_ROWS];  // [K/G]
     int64_t n[PANEL_ROWS];               // row indices (zero-points)
     qg_dtype scale_dtype;
