@@ -368,10 +368,21 @@ struct Mxfp4Rows {
         if ((fb & 3) == 0)
             for (int r = 0; r < GROUP; ++r) prefetch_row(blocks[r], next[r], fb * MXFP4_BLOCK_BYTES);
     }
+    // mxfp4_scale for the 8 rows in vector lanes (8 scalar calls had cost about as much as
+    // the block's multiply): the bytes packed in a general register as f16_rows packs
+    // its halves, then e8m0_half's three cases by blends
     QG_AVX2_INLINE unsigned scales8(int64_t fb, float* sw, float*, int32_t*) const {
-        unsigned ok = 0;
-        for (int r = 0; r < GROUP; ++r) ok |= (mxfp4_scale(e[r][fb], sw + r) ? 1u : 0u) << r;
-        return ok;
+        uint64_t v = 0;
+        for (int r = 0; r < GROUP; ++r) v |= (uint64_t)e[r][fb] << (8 * r);
+        __asm__("" : "+r"(v));
+        const __m256i ev = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v));
+        const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(ev, _mm256_set1_epi32(1)), 23);  // (e - 1) << 23
+        const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), ev);  // e < 2: 0x00200000 << e
+        __m256i bits = _mm256_blendv_epi8(normal, tiny, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), ev));
+        bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(ev, _mm256_set1_epi32(255)));
+        _mm256_store_ps(sw, _mm256_castsi256_ps(bits));
+        const __m256i ok = _mm256_cmpgt_epi32(_mm256_set1_epi32(MXFP4_E_OVERFLOW), ev);
+        return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(ok));
     }
     template <int J>
     QG_AVX2_INLINE void codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
