@@ -490,14 +490,14 @@ template <class F>
 constexpr bool rows_tree16() {
     return !F::SUB && 16 * F::MAX_CODE * 127 <= 32767;
 }
-// Formats the AVX-512 VNNI copy of the kernel serves (vpdpbusd): those whose products the
-// AVX2 kernel widens pair by pair (q8_0, iq4_xs, iq3_xxs). At M = 1 it took iq4_xs from
-// 0.30 to 0.26 ms and left q8_0 and iq3_xxs even; built for AVX-512, the very same kernel
-// made mxfp4 slower (0.37 -> 0.47 ms; one thread, 2048 x 4096, Zen 5), with vpdpbusd 0.43;
-// q6_K keeps vpmaddwd, which applies its sub-block scales to the int16 pairs for free.
+// Formats the AVX-512 VNNI copy of the kernel serves (vpdpbusd): all but q6_K, which keeps
+// vpmaddwd (it applies the sub-block scales to the int16 pairs for free). One thread,
+// 2048 x 4096, Zen 5, best of 1.2 s: M = 1 iq4_xs 0.30 -> 0.26 ms, q4_K 0.30 -> 0.28, the
+// rest even; M = 2 8-20 % faster (mxfp4 0.45 -> 0.37). Built for AVX-512 before the MXFP4
+// scales were vectorised, the same kernel had made mxfp4 slower (0.37 -> 0.47 ms at M = 1).
 template <class F>
 constexpr bool rows_dpbusd() {
-    return !F::SUB && !rows_tree16<F>();
+    return !F::SUB;
 }
 
 namespace avx2 {
