@@ -492,8 +492,8 @@ constexpr bool rows_tree16() {
 }
 // Formats the AVX-512 VNNI copy of the kernel serves (vpdpbusd): all but q6_K, which keeps
 // vpmaddwd (it applies the sub-block scales to the int16 pairs for free). One thread,
-// 2048 x 4096, Zen 5, best of 1.2 s: M = 1 iq4_xs 0.30 -> 0.26 ms, q4_K 0.30 -> 0.28, the
-// rest even; M = 2 8-20 % faster (mxfp4 0.45 -> 0.37). Built for AVX-512 before the MXFP4
+// 2048 x 4096, Zen 5, best of 0.4-1.5 s: M = 1 iq4_xs 0.30 -> 0.26 ms, q4_K 0.30 -> 0.28,
+// the rest even; M = 2 5-25 % faster (mxfp4 0.45 -> 0.37). Built for AVX-512 before the MXFP4
 // scales were vectorised, the same kernel had made mxfp4 slower (0.37 -> 0.47 ms at M = 1).
 template <class F>
 constexpr bool rows_dpbusd() {
