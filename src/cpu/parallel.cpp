@@ -19,11 +19,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
-#include <thread>
 #include <vector>
 #if defined(__unix__)
 #include <pthread.h>
@@ -54,43 +52,22 @@ void execute(Job& job, int worker) {
     }
 }
 
-// How long a pool thread that found no open job polls for one before it sleeps on the
-// condition variable: a sleeping thread took ~80 us to join a call on the 2-vCPU VM
-// (q4_0 1024 x 3584, M = 1: 0.16 ms on one thread, 0.13 on two), most of a small call.
-// Bounded, so an idle process stops using its cores at once.
-constexpr auto SPIN_BEFORE_SLEEP = std::chrono::microseconds(200);
-
 struct Pool {
     std::mutex mu;
     std::condition_variable work_cv;  // pool threads wait here for an open job
     std::condition_variable done_cv;  // callers wait here for their helpers to leave
     std::vector<Job*> open;           // jobs that still take helpers, oldest first
-    std::atomic<size_t> n_open{0};    // open.size(), read without mu by polling threads
     int threads = 0;                  // threads started
 
     void close(Job* job) {  // with mu held
         auto it = std::find(open.begin(), open.end(), job);
         if (it != open.end()) open.erase(it);
-        n_open.store(open.size(), std::memory_order_relaxed);
-    }
-
-    // With mu held by lk: returns once a job is open, polling for SPIN_BEFORE_SLEEP first
-    // (the lock released meanwhile), then sleeping on work_cv.
-    void wait_for_job(std::unique_lock<std::mutex>& lk) {
-        if (open.empty()) {
-            lk.unlock();
-            const auto until = std::chrono::steady_clock::now() + SPIN_BEFORE_SLEEP;
-            while (n_open.load(std::memory_order_relaxed) == 0 && std::chrono::steady_clock::now() < until)
-                std::this_thread::yield();
-            lk.lock();
-        }
-        work_cv.wait(lk, [&] { return !open.empty(); });
     }
 
     void thread_main() {
         std::unique_lock<std::mutex> lk(mu);
         for (;;) {
-            wait_for_job(lk);
+            work_cv.wait(lk, [&] { return !open.empty(); });
             Job* job = open.front();
             const int worker = ++job->joined;
             ++job->active;
@@ -114,7 +91,6 @@ struct Pool {
             std::lock_guard<std::mutex> lk(mu);
             job.helpers_wanted = helpers;
             open.push_back(&job);
-            n_open.store(open.size(), std::memory_order_relaxed);
             while (threads < helpers) {
                 try {
                     std::thread(&Pool::thread_main, this).detach();
