@@ -24,7 +24,7 @@ void gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, const char* na
         ctx, cpu::Int8Traits<Block>::kind, a->m, a->n, a->k, a->x_dtype, a->x, a->ldx,
         [&](int64_t n0, int count) {
             cpu::GgufSrc<Block> src;
-            for (int r = 0; r < cpu::PANEL_ROWS; ++r) src.row[r] = w + cpu::panel_row(n0, count, r) * ldw;
+            for (int r = 0; r < cpu::SRC_ROWS; ++r) src.row[r] = w + cpu::src_row(n0, count, a->n, r) * ldw;
             return src;
         },
         [&](int64_t n, int64_t k0, int64_t kc, const cpu::Int8Out& out) {

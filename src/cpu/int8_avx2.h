@@ -10,6 +10,10 @@
 
 #define QG_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define QG_AVX2_INLINE inline __attribute__((always_inline, target("avx2,fma,f16c")))
+// AVX-512 VNNI (F, BW, VL and VNNI: cpu::Isa::AVX512_VNNI); the AVX2 helpers inline into it
+#define QG_AVX512_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+#define QG_AVX512 __attribute__((target(QG_AVX512_TARGET)))
+#define QG_AVX512_INLINE inline __attribute__((always_inline, target(QG_AVX512_TARGET)))
 
 namespace qg {
 namespace cpu {

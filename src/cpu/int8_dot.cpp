@@ -227,8 +227,6 @@ QG_AVX2 void interleave_avx2(const int8_t* rows, int64_t ld, int64_t nb, int8_t*
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#define QG_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-
 constexpr int VNNI_MR = 4;
 
 // All 16 panel rows (one zmm per k4 group) against activation rows m0 .. m0 + MR - 1.

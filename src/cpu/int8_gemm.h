@@ -59,6 +59,11 @@ inline void log_int8(const char* family, const char* format, int64_t M, int64_t 
 // Row n0 + r of a panel of count rows: rows past count repeat the last one (computed,
 // never stored).
 inline int64_t panel_row(int64_t n0, int count, int r) { return n0 + (r < count ? r : count - 1); }
+// Row r < SRC_ROWS of a source (int8_rows.h) of the panel at n0 of count rows, N in all:
+// panel_row, then the next panel's rows, the last row of the weight past its end.
+inline int64_t src_row(int64_t n0, int count, int64_t N, int r) {
+    return r < PANEL_ROWS ? panel_row(n0, count, r) : std::min<int64_t>(n0 + r, N - 1);
+}
 
 // source(n0, count): the int8_rows.h source (GgufSrc, Mxfp4Src, Int4Src) of the panel of
 // weight rows n0 .. n0 + count - 1, read by the AVX2 decoders. decode(n, k0, kc, out): the
@@ -70,7 +75,7 @@ void int8_gemm(const qg_context* ctx, Int8Kind kind, int64_t M, int64_t N, int64
                const void* x, int64_t ldx, Source&& source, Decode&& decode, FloatDecode&& fdecode, Store&& store) {
     const int threads = gemm_threads(ctx, M, N, K);
     const bool avx2 = rows_available();          // the AVX2 decoders of int8_rows.h
-    const bool small_m = avx2 && M <= ROWS_MAX_M;  // ... multiplying at once, no panel
+    const bool small_m = avx2 && M <= rows_max_m();  // ... multiplying at once, no panel
     const int64_t n_panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
     const int esize = dtype_bytes(x_dtype);
     std::vector<uint8_t> bad_row((size_t)N, 0);  // weight rows with a non-finite scale

@@ -30,6 +30,15 @@ constexpr int GROUP = ROWS_GROUP;  // weight rows per pass: one ymm of block sum
 // stream at once); 256, 2048 and 4096 measured within this VM's noise of it.
 constexpr int PREFETCH_BYTES = 1024;
 
+// Prefetches line `off` of a row PREFETCH_BYTES ahead and the same line of the row a group
+// further on (int8_rows.h, SRC_ROWS: this panel's next 8 rows, or the next panel's first
+// 8), which the next pass will read: without it every pass began with its 8 rows cold
+// (one q4_0 row of K = 4096 is 36 lines, 16 of them before the prefetch distance).
+QG_AVX2_INLINE void prefetch_row(const void* row, const void* next, int64_t off) {
+    _mm_prefetch((const char*)row + off + PREFETCH_BYTES, _MM_HINT_T0);
+    _mm_prefetch((const char*)next + off, _MM_HINT_T0);
+}
+
 // Rows r (low 128 bits) and r + 4 (high) of 16 bytes each.
 QG_AVX2_INLINE __m256i load2(const uint8_t* r, const uint8_t* r4) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)r)),
@@ -116,14 +125,19 @@ struct GgufRows {
     static const int MAX_CODE;
     // the panel's representation of a row pair's codes (the same as this decoder's here)
     QG_AVX2_INLINE void to_panel(int, const int32_t*, __m256i&, __m256i&) const {}
-    const uint8_t* row[GROUP];
+    const uint8_t *row[GROUP], *next[GROUP];
     GgufRows(const GgufSrc<Block>& src, int g0) {
-        for (int r = 0; r < GROUP; ++r) row[r] = src.row[g0 + r];
+        for (int r = 0; r < GROUP; ++r) {
+            row[r] = src.row[g0 + r];
+            next[r] = src.row[g0 + GROUP + r];
+        }
     }
     QG_AVX2_INLINE const uint8_t* at(int r, int64_t fb) const { return row[r] + fb * BYTES; }
+    // every line that starts in block fb (relative to the row start): blocks of more than
+    // 64 bytes span several, and one prefetch per block had left q6_K (210 bytes) 2/3 cold
     QG_AVX2_INLINE void prefetch(int64_t fb) const {
-        if (((fb * BYTES) & 63) < BYTES)
-            for (int r = 0; r < GROUP; ++r) _mm_prefetch((const char*)at(r, fb) + PREFETCH_BYTES, _MM_HINT_T0);
+        for (int64_t off = (fb * BYTES + 63) & ~(int64_t)63; off < (fb + 1) * BYTES; off += 64)
+            for (int r = 0; r < GROUP; ++r) prefetch_row(row[r], next[r], off);
     }
     QG_AVX2_INLINE unsigned scales8(int64_t fb, float* sw, float* mw, int32_t* sub) const;
     template <int J>
@@ -336,10 +350,12 @@ struct Mxfp4Rows {
     static constexpr bool SIGNED = true, SUB = false, MW = false, ROW_OFF = false;
     static constexpr int OFF = 0, MAX_CODE = 12;
     const uint8_t* blocks[GROUP];  // [K/32][16] of each row
+    const uint8_t* next[GROUP];    // ... of the rows a group further on
     const uint8_t* e[GROUP];       // [K/32]
     Mxfp4Rows(const Mxfp4Src& src, int g0) {
         for (int r = 0; r < GROUP; ++r) {
             blocks[r] = src.blocks[g0 + r];
+            next[r] = src.blocks[g0 + GROUP + r];
             e[r] = src.scales[g0 + r];
         }
     }
@@ -350,13 +366,23 @@ struct Mxfp4Rows {
     }
     QG_AVX2_INLINE void prefetch(int64_t fb) const {
         if ((fb & 3) == 0)
-            for (int r = 0; r < GROUP; ++r)
-                _mm_prefetch((const char*)blocks[r] + fb * MXFP4_BLOCK_BYTES + PREFETCH_BYTES, _MM_HINT_T0);
+            for (int r = 0; r < GROUP; ++r) prefetch_row(blocks[r], next[r], fb * MXFP4_BLOCK_BYTES);
     }
+    // mxfp4_scale for the 8 rows in vector lanes (8 scalar calls had cost about as much as
+    // the block's multiply): the bytes packed in a general register as f16_rows packs
+    // its halves, then e8m0_half's three cases by blends
     QG_AVX2_INLINE unsigned scales8(int64_t fb, float* sw, float*, int32_t*) const {
-        unsigned ok = 0;
-        for (int r = 0; r < GROUP; ++r) ok |= (mxfp4_scale(e[r][fb], sw + r) ? 1u : 0u) << r;
-        return ok;
+        uint64_t v = 0;
+        for (int r = 0; r < GROUP; ++r) v |= (uint64_t)e[r][fb] << (8 * r);
+        __asm__("" : "+r"(v));
+        const __m256i ev = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v));
+        const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(ev, _mm256_set1_epi32(1)), 23);  // (e - 1) << 23
+        const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), ev);  // e < 2: 0x00200000 << e
+        __m256i bits = _mm256_blendv_epi8(normal, tiny, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), ev));
+        bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(ev, _mm256_set1_epi32(255)));
+        _mm256_store_ps(sw, _mm256_castsi256_ps(bits));
+        const __m256i ok = _mm256_cmpgt_epi32(_mm256_set1_epi32(MXFP4_E_OVERFLOW), ev);
+        return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(ok));
     }
     template <int J>
     QG_AVX2_INLINE void codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
@@ -372,6 +398,7 @@ struct Int4Rows {
     static constexpr bool SIGNED = false, SUB = false, MW = false, ROW_OFF = true;
     static constexpr int OFF = 0, MAX_CODE = 15;
     const int32_t* qweight[GROUP];  // [K/8] of each row
+    const int32_t* next[GROUP];     // ... of the rows a group further on
     const void* scales_row[GROUP];  // [K/G]
     int64_t n[GROUP];               // the row's index (for its zero-point)
     qg_dtype scale_dtype;
@@ -382,6 +409,7 @@ struct Int4Rows {
         : scale_dtype(src.scale_dtype), qzeros(src.qzeros), groups(src.groups), group_size(src.group_size) {
         for (int r = 0; r < GROUP; ++r) {
             qweight[r] = src.qweight[g0 + r];
+            next[r] = src.qweight[g0 + GROUP + r];
             scales_row[r] = src.scales_row[g0 + r];
             n[r] = src.n[g0 + r];
         }
@@ -398,8 +426,7 @@ struct Int4Rows {
     }
     QG_AVX2_INLINE void prefetch(int64_t fb) const {
         if ((fb & 3) == 0)
-            for (int r = 0; r < GROUP; ++r)
-                _mm_prefetch((const char*)(qweight[r] + 4 * fb) + PREFETCH_BYTES, _MM_HINT_T0);
+            for (int r = 0; r < GROUP; ++r) prefetch_row(qweight[r], next[r], 4 * fb * (int64_t)sizeof(int32_t));
     }
     // The current group's scales and zero-points, decoded when a block starts a new group
     // (G / 32 blocks share them).
@@ -457,124 +484,41 @@ QG_AVX2_INLINE __m256i sum4_i16(__m256i a, __m256i b, __m256i c, __m256i d) {
     return _mm256_add_epi32(_mm256_unpacklo_epi16(w, sign), _mm256_unpackhi_epi16(w, sign));
 }
 
-// The exact sums D of 32-element block j of format block fb, 8 rows (lane r = row r),
-// for activation rows 0 .. MR - 1; vpmaddubsw takes the codes unsigned: signed ones as
-// |w| times q with w's sign.
-template <class F, int MR, int J>
-QG_AVX2_INLINE void block_sums(const F& f, int64_t fb, const Q8Rows& x, const int32_t* sub, __m256i* d) {
-    constexpr int j = J;
-    // int16 partial sums through the tree while 16 products fit: 16 * max|w| * 127 < 2^15
-    constexpr bool TREE16 = !F::SUB && 16 * F::MAX_CODE * 127 <= 32767;
-    const int64_t b = fb * F::SUBS + j;
-    __m256i xl[MR], xh[MR];  // the block's activations, in both halves of each ymm
-    for (int m = 0; m < MR; ++m) {
-        const int8_t* q = x.q + m * x.ldq + b * Q8_BLOCK;
-        xl[m] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)q));
-        xh[m] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(q + 16)));
-    }
-    __m256i t[4][MR];  // rows (i, i + 4): int16 (TREE16) or int32 partial sums
-    for (int i = 0; i < 4; ++i) {
-        __m256i cl, ch;
-        f.template codes<J>(i, fb, cl, ch);
-        const __m256i al = F::SIGNED ? _mm256_abs_epi8(cl) : cl, ah = F::SIGNED ? _mm256_abs_epi8(ch) : ch;
-        for (int m = 0; m < MR; ++m) {
-            const __m256i pl = _mm256_maddubs_epi16(al, F::SIGNED ? _mm256_sign_epi8(xl[m], cl) : xl[m]);
-            const __m256i ph = _mm256_maddubs_epi16(ah, F::SIGNED ? _mm256_sign_epi8(xh[m], ch) : xh[m]);
-            if constexpr (TREE16) {
-                t[i][m] = _mm256_add_epi16(pl, ph);
-            } else {
-                const __m256i ones = _mm256_set1_epi16(1);
-                const __m256i sl = F::SUB ? set2(sub[i * 16 + 2 * j], sub[(i + 4) * 16 + 2 * j]) : ones;
-                const __m256i sh = F::SUB ? set2(sub[i * 16 + 2 * j + 1], sub[(i + 4) * 16 + 2 * j + 1]) : ones;
-                t[i][m] = _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh));
-            }
-        }
-    }
-    for (int m = 0; m < MR; ++m) {
-        d[m] = TREE16 ? sum4_i16(t[0][m], t[1][m], t[2][m], t[3][m]) : sum4_i32(t[0][m], t[1][m], t[2][m], t[3][m]);
-        const int32_t sum = x.S[m * x.lds + b];
-        if constexpr (F::OFF != 0) d[m] = _mm256_sub_epi32(d[m], _mm256_set1_epi32(F::OFF * sum));
-        if constexpr (F::ROW_OFF) d[m] = _mm256_sub_epi32(d[m], f.zero_times(sub, sum));
-    }
-}
-
-// The float steps of block b for 8 rows: facc += float(d) * (sw * dx), minus the min term.
-template <class F, int MR>
-QG_AVX2_INLINE void block_update(__m256* facc, const __m256i* d, const float* sw, const float* mw, const Q8Rows& x,
-                                 int64_t b) {
-    const __m256 swv = _mm256_load_ps(sw);
-    for (int m = 0; m < MR; ++m) {
-        const __m256 s = _mm256_mul_ps(swv, _mm256_set1_ps(x.dx[m * x.lds + b]));
-        facc[m] = _mm256_add_ps(facc[m], _mm256_mul_ps(_mm256_cvtepi32_ps(d[m]), s));
-        if constexpr (F::MW)
-            facc[m] = _mm256_sub_ps(facc[m], _mm256_mul_ps(_mm256_load_ps(mw), _mm256_set1_ps(x.dS[m * x.lds + b])));
-    }
-}
-
-// Blocks J .. SUBS - 1 of format block(s) fb .. fb + STEP - 1, in K order (unrolled: the
-// codes' shifts and offsets are constants then).
-template <class F, int MR, int STEP, int J>
-QG_AVX2_INLINE void block_steps(const F& f, int64_t fb, const Q8Rows& x, const float* sw, const float* mw,
-                                const int32_t* sub, __m256* facc) {
-    if constexpr (J < F::SUBS) {
-        constexpr int S = F::SUBS;
-        __m256i d[STEP][MR];
-        for (int u = 0; u < STEP; ++u) block_sums<F, MR, J>(f, fb + u, x, sub + u * 2 * S * GROUP, d[u]);
-        for (int u = 0; u < STEP; ++u)
-            block_update<F, MR>(facc, d[u], sw + (u * S + J) * GROUP, mw + (u * S + J) * GROUP, x, (fb + u) * S + J);
-        block_steps<F, MR, STEP, J + 1>(f, fb, x, sw, mw, sub, facc);
-    }
-}
-
-// Rows [0, GROUP) of f against activation rows 0 .. MR - 1 over nfb format blocks;
-// acc[m * PANEL_ROWS + r] continues from its value, ok[r] &= that row's scales are finite.
-// Formats of one 32-element block per format block take two per step, two independent
-// chains of dependent steps (load, unpack, multiply, add tree, convert, scale) for the
-// out-of-order core; it measured the same as one (0.181 vs 0.172 cycles per weight, q4_0,
-// within the noise).
-template <class F, int MR>
-QG_AVX2 void rows_group(const F& f, int64_t nfb, const Q8Rows& x, float* acc, bool* ok) {
-    constexpr int S = F::SUBS;
-    constexpr int STEP = S == 1 ? 2 : 1;  // format blocks per step
-    __m256 facc[MR];
-    for (int m = 0; m < MR; ++m) facc[m] = _mm256_loadu_ps(acc + m * PANEL_ROWS);
-    constexpr int SUB_LEN = 2 * S * GROUP;  // per format block of a step
-    alignas(32) float sw[STEP * S * GROUP], mw[STEP * S * GROUP];
-    alignas(32) int32_t sub[STEP * SUB_LEN];
-    unsigned finite = (1u << GROUP) - 1;
-    int64_t fb = 0;
-    for (; fb + STEP <= nfb; fb += STEP) {
-        for (int u = 0; u < STEP; ++u) {
-            f.prefetch(fb + u);
-            finite &= f.scales8(fb + u, sw + u * S * GROUP, mw + u * S * GROUP, sub + u * SUB_LEN);
-        }
-        block_steps<F, MR, STEP, 0>(f, fb, x, sw, mw, sub, facc);
-    }
-    for (; fb < nfb; ++fb) {  // the last block of an odd count
-        f.prefetch(fb);
-        finite &= f.scales8(fb, sw, mw, sub);
-        block_steps<F, MR, 1, 0>(f, fb, x, sw, mw, sub, facc);
-    }
-    for (int m = 0; m < MR; ++m) _mm256_storeu_ps(acc + m * PANEL_ROWS, facc[m]);
-    for (int r = 0; r < GROUP; ++r) ok[r] = ok[r] && ((finite >> r) & 1u);
-}
-
+// int16 partial sums through the kernel's add tree while 16 products fit: 16 * max|w| * 127
+// < 2^15 (no vpmaddwd until the block's sum)
 template <class F>
-QG_AVX2 void rows_run(const F& f, int64_t nfb, const Q8Rows& x, float* acc, bool* ok) {
-    for (int64_t m0 = 0; m0 < x.m; m0 += ROWS_M) {
-        Q8Rows xm = x;
-        xm.q += m0 * x.ldq;
-        xm.dx += m0 * x.lds;
-        xm.dS += m0 * x.lds;
-        xm.S += m0 * x.lds;
-        xm.m = x.m - m0 < ROWS_M ? x.m - m0 : ROWS_M;
-        float* a = acc + m0 * PANEL_ROWS;
-        switch (xm.m) {
-            case 1: rows_group<F, 1>(f, nfb, xm, a, ok); break;
-            default: rows_group<F, ROWS_M>(f, nfb, xm, a, ok); break;
-        }
-    }
+constexpr bool rows_tree16() {
+    return !F::SUB && 16 * F::MAX_CODE * 127 <= 32767;
 }
+// Formats the AVX-512 VNNI copy of the kernel serves (vpdpbusd): all but q6_K, which keeps
+// vpmaddwd (it applies the sub-block scales to the int16 pairs for free). One thread,
+// 2048 x 4096, Zen 5, best of 0.4-1.5 s: M = 1 iq4_xs 0.30 -> 0.26 ms, q4_K 0.30 -> 0.28,
+// the rest even; M = 2 5-25 % faster (mxfp4 0.45 -> 0.37). Built for AVX-512 before the MXFP4
+// scales were vectorised, the same kernel had made mxfp4 slower (0.37 -> 0.47 ms at M = 1).
+template <class F>
+constexpr bool rows_dpbusd() {
+    return !F::SUB;
+}
+
+namespace avx2 {
+#define QG_ROWS_VNNI 0
+#define QG_ROWS_FN QG_AVX2
+#define QG_ROWS_INLINE QG_AVX2_INLINE
+#include "cpu/int8_rows_kernel.inc"
+#undef QG_ROWS_VNNI
+#undef QG_ROWS_FN
+#undef QG_ROWS_INLINE
+}  // namespace avx2
+
+namespace vnni {
+#define QG_ROWS_VNNI 1
+#define QG_ROWS_FN QG_AVX512
+#define QG_ROWS_INLINE QG_AVX512_INLINE
+#include "cpu/int8_rows_kernel.inc"
+#undef QG_ROWS_VNNI
+#undef QG_ROWS_FN
+#undef QG_ROWS_INLINE
+}  // namespace vnni
 
 // Blocks J .. SUBS - 1 of format block fb into the panel, panel block index pb + J.
 template <class F, int J>
@@ -625,12 +569,26 @@ bool rows_available() {
 #endif
 }
 
+// The rows kernel's vpdpbusd copy (int8_rows_kernel.inc) at AVX-512 VNNI and up.
+[[maybe_unused]] static bool rows_vnni() {
+    static const bool vnni = int8_isa() >= Isa::AVX512_VNNI;
+    return vnni;
+}
+
+int64_t rows_max_m() {
+    const bool vnni_panels = rows_vnni();  // the panels' dot is vpdpbusd too
+    return vnni_panels ? 2 : 4;
+}
+
 // The entry points build a decoder on 8 rows of the source; without AVX2 they are never
 // called (rows_available() is false) and compile to nothing.
 #if QG_INT8_HAVE_AVX2
 #define QG_ROWS_ENTRIES(SRC, F, ELEMS)                                                                  \
     void rows_kernel(const SRC& src, int g0, int64_t K, const Q8Rows& x, float* acc, bool* ok) {          \
-        rows_run(F(src, g0), K / (ELEMS), x, acc + g0, ok + g0);                                          \
+        if (rows_dpbusd<F>() && rows_vnni())                                                              \
+            vnni::rows_run(F(src, g0), K / (ELEMS), x, acc + g0, ok + g0);                                \
+        else                                                                                              \
+            avx2::rows_run(F(src, g0), K / (ELEMS), x, acc + g0, ok + g0);                                \
     }                                                                                                     \
     void panel_fill(const SRC& src, int64_t k0, int64_t kc, const PanelOut& out, bool* ok) {              \
         for (int h = 0; h < 2; ++h) panel_run(F(src, 8 * h), k0 / (ELEMS), kc / (ELEMS), h, out, ok);     \

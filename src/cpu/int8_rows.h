@@ -18,24 +18,30 @@ namespace cpu {
 constexpr int ROWS_GROUP = 8;  // weight rows per decoder pass
 // Activation rows per pass of rows_kernel; each weight block is decoded once per pass.
 constexpr int ROWS_M = 2;
-// The largest M the driver gives rows_kernel rather than the panels: at M = 4 the panel
-// path measured 1.3-5x slower, at M = 8 the two were even (bench/NOTES.md, "CPU tier").
-constexpr int64_t ROWS_MAX_M = 4;
 
 bool rows_available();
 
+// The largest M the driver gives rows_kernel rather than the panels (bench/NOTES.md, "CPU
+// tier"): 4 on AVX2, where the panels measured 1.3-5x slower at M = 4 and even at M = 8
+// (Zen 1); 2 with AVX-512 VNNI, whose panel dot (vpdpbusd, 16 rows a zmm) made the panels
+// faster from M = 3 on and even at M = 2 (Zen 5). Either choice gives the same bits.
+int64_t rows_max_m();
+
 // The weight rows of one panel (PANEL_ROWS of them; rows past the weight's last repeat it),
-// in the format's own layout.
+// in the format's own layout. The codes' pointers go on for the next panel's first
+// ROWS_GROUP rows (SRC_ROWS in all; past the weight's last row, the last), which the
+// decoders only prefetch.
+constexpr int SRC_ROWS = PANEL_ROWS + ROWS_GROUP;
 template <class Block>
 struct GgufSrc {
-    const uint8_t* row[PANEL_ROWS];  // row starts
+    const uint8_t* row[SRC_ROWS];  // row starts
 };
 struct Mxfp4Src {
-    const uint8_t* blocks[PANEL_ROWS];  // [K/32][16] of each row
+    const uint8_t* blocks[SRC_ROWS];    // [K/32][16] of each row
     const uint8_t* scales[PANEL_ROWS];  // [K/32]
 };
 struct Int4Src {
-    const int32_t* qweight[PANEL_ROWS];  // [K/8] words of each row
+    const int32_t* qweight[SRC_ROWS];    // [K/8] words of each row
     const void* scales_row[PANEL_ROWS];  // [K/G]
     int64_t n[PANEL_ROWS];               // row indices (zero-points)
     qg_dtype scale_dtype;

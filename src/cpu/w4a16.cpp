@@ -34,6 +34,8 @@ qg_status cpu_w4a16_gemm(const qg_context* ctx, const qg_w4a16_gemm_args* a) {
                 src.scales_row[r] = scales_row(n);
                 src.n[r] = n;
             }
+            for (int r = cpu::PANEL_ROWS; r < cpu::SRC_ROWS; ++r)
+                src.qweight[r] = a->qweight + cpu::src_row(n0, count, a->n, r) * (K / 8);
             src.scale_dtype = a->scale_dtype;
             src.qzeros = qzeros;
             src.groups = groups;
