@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _option(text: str) -> tuple[str, int]:
-    name, sep, value = text.partition("=")
+    name, _, value = text.partition("=")
     try:
         return name, int(value)
     except ValueError:

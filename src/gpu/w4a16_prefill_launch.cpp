@@ -102,8 +102,8 @@ size_t partial_bytes(const PrefillPlan& pl, const Args& a) {
 // own M picks (64 or 128), so that it costs about what a call of that M costs. Returns the tokens
 // of the first launch (all of M when there is no such tail).
 int64_t main_tokens(const qg_context* ctx, const Args& a, const PrefillPlan& pl) {
-    const int64_t tail = a.m % 256;
-    if (pl.bn != 256 || ctx->prefill_tile > 0 || a.m < 256 || tail == 0 || tail > 128) return a.m;
+    const int64_t tail = a.m % pl.bn;
+    if (pl.bn != 256 || ctx->prefill_tile > 0 || a.m < pl.bn || tail == 0 || tail > 128) return a.m;
     return a.m - tail;
 }
 
@@ -177,30 +177,6 @@ int plan_launches(const qg_context* ctx, const Args& a, Launch (&out)[3]) {
     return count + 1;
 }
 
-qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& pl, int code, qg_stream stream);
-
-}  // namespace
-
-size_t frag_launch::prefill_workspace(const qg_context* ctx, const Args& a) {
-    Launch launches[3];
-    const int count = plan_launches(ctx, a, launches);
-    size_t most = 0;
-    for (int i = 0; i < count; ++i) most = std::max(most, partial_bytes(launches[i].pl, launches[i].a));
-    return most;
-}
-
-qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, qg_stream stream) {
-    Launch launches[3];
-    const int count = plan_launches(ctx, a, launches);
-    for (int i = 0; i < count; ++i) {
-        const qg_status st = prefill_once(ctx, launches[i].a, launches[i].pl, code, stream);
-        if (st != QG_OK) return st;
-    }
-    return QG_OK;
-}
-
-namespace {
-
 qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& pl, int code, qg_stream stream) {
 #if defined(QG_HAVE_TENSOR_MAPS)
     const char* what = code == CODE_E2M1 ? "mxfp4 prefill_wgmma" : "w4a16 prefill_wgmma";
@@ -253,6 +229,24 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
 }
 
 }  // namespace
+
+size_t frag_launch::prefill_workspace(const qg_context* ctx, const Args& a) {
+    Launch launches[3];
+    const int count = plan_launches(ctx, a, launches);
+    size_t most = 0;
+    for (int i = 0; i < count; ++i) most = std::max(most, partial_bytes(launches[i].pl, launches[i].a));
+    return most;
+}
+
+qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, qg_stream stream) {
+    Launch launches[3];
+    const int count = plan_launches(ctx, a, launches);
+    for (int i = 0; i < count; ++i) {
+        const qg_status st = prefill_once(ctx, launches[i].a, launches[i].pl, code, stream);
+        if (st != QG_OK) return st;
+    }
+    return QG_OK;
+}
 
 const Tier<Args> gpu_w4a16_prefill_tier = {QG_GPU_RUNTIME_NAME ":prefill_wgmma", 3, prefill_usable,
                                            prefill_workspace, prefill_launch};
