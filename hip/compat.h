@@ -40,6 +40,10 @@ __device__ __forceinline__ unsigned qg_atomic_add_release_gpu(unsigned* p, unsig
     return __hip_atomic_fetch_add(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
 }
 __device__ __forceinline__ void qg_fence_acquire_gpu() { __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "agent"); }
+// Device-scope acquire load: a waiter's read of another block's release RMW.
+__device__ __forceinline__ unsigned qg_atomic_load_acquire_gpu(const unsigned* p) {
+    return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
 
 #else
 // ------------------------------------------------------------------ CUDA (nvcc)
@@ -61,6 +65,9 @@ __device__ __forceinline__ unsigned qg_atomic_add_release_gpu(unsigned* p, unsig
 }
 __device__ __forceinline__ void qg_fence_acquire_gpu() {
     cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+}
+__device__ __forceinline__ unsigned qg_atomic_load_acquire_gpu(const unsigned* p) {
+    return cuda::atomic_ref<const unsigned, cuda::thread_scope_device>(*p).load(cuda::memory_order_acquire);
 }
 
 // runtime types and constants

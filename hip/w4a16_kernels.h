@@ -170,9 +170,12 @@ struct PrefillParams {
     int scale_type;           // ELEM_F16 or ELEM_BF16
     int y_type;               // ELEM_F16, ELEM_BF16 or ELEM_F32
     BiasRef bias;             // [N]
-    int splits;               // split-K: grid.z blocks share a tile's K, chunk-aligned (1: none)
-    float* partial;           // splits > 1: [splits][M][N] fp32 sums, added by prefill_reduce
-    // Grouped (MoE experts, src/gpu/moe_launch.cpp; splits = 1): x holds the tokens gathered by
+    // Dense calls (tile_experts nullptr) on the stream-K kernel (prefill_kernel's stream_k): a
+    // grid of resident blocks sharing the tiles t = row tile * token_tiles + token tile.
+    int token_tiles, tiles;
+    uint32_t* sk_count;       // [tiles] arrivals per stream-K tile, zero before and after
+    float* partial;           // [gridDim.x][BN / 8][PF_THREADS] float4: a block's stream-K sums, zeroed once read
+    // Grouped (MoE experts, src/gpu/moe_launch.cpp): x holds the tokens gathered by
     // expert tile, token tile bx is expert tile_experts[bx]'s (BN = the tile), the weight planes
     // are stacked by expert (expert e's row block rb is row block e * row_blocks + rb). Gathered
     // row r goes to output row out_rows[r] (nowhere where that is < 0 or >= out_limit), column
@@ -186,10 +189,6 @@ struct PrefillParams {
     int64_t bias_stride;
 };
 constexpr int PF_THREADS = 256;
-constexpr int PF_REDUCE_THREADS = 256;
-// y = the sum of the splits' partial sums in split order, + bias, rounded once (splits > 1);
-// the partial sums are zeroed as they are read
-__global__ void prefill_reduce(const PrefillParams p);
 constexpr int PF_ROWS = 128;          // weight rows per block
 // x tiles in flight: STAGES - 2 ahead of the k-step; 8 for tiles of 64 and 128 tokens, 5 for
 // 256 (32 KB a tile: the ring stays under the 227 KB of shared memory)
@@ -215,7 +214,9 @@ __host__ __device__ constexpr bool prefill_folds(int x_type, int scale_type) {
 #if defined(QG_HAVE_TENSOR_MAPS)
 // prefill_wgmma<XT, BN, G, ASYM, CODE, FOLD>(tmap_x, params); tmap_x: x [M, K] as a 2-D tensor
 // map, box [BN tokens, 64 k], 128-byte swizzle. scale_type picks FOLD (prefill_folds).
-const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, bool asym, int code = CODE_INT4);
+// stream_k: the kernel of a stream-K grid (the launcher sizes it), else of a block a tile.
+const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, bool asym, int code = CODE_INT4,
+                           bool stream_k = false);
 
 // Every W4A16 prefill_wgmma instantiation, (x type, tile width, G, ASYM, FOLD), listed once:
 // fp16 x, and bf16 x with fp16 scales, on the group-sum path at 64 and 128 tokens; bf16 x with

@@ -2,8 +2,10 @@
 //
 // y[M, N] = x[M, K] @ W^T for any M, the weight as wgmma's A operand (weights are the
 // 64-row M side of each wgmma, tokens the N side: A/B swapped so that the int4 weight can
-// come from registers, which only A may). Block (token tile bx, row tile by): 128 weight
-// rows x BN tokens, 8 warps in 2 warpgroups, warp w owning row block 8 by + w.
+// come from registers, which only A may). A tile: 128 weight rows x BN tokens, 8 warps in 2
+// warpgroups, warp w owning row block w of the tile's 8. A block a tile, or (dense calls with
+// fewer tiles than the SMs hold, src/gpu/w4a16_prefill_launch.cpp) a grid of resident blocks
+// sharing the tiles' K as stream-K (at prefill_wgmma).
 //
 // Per 64-k step:
 //   - each lane's 16-byte frag tile (its A registers for four k16 steps) comes straight
@@ -140,53 +142,25 @@ __device__ __forceinline__ void fold_scales(uint32_t (&a)[4][4], const uint32_t 
     }
 }
 
-}  // namespace
-#endif  // QG_HAS_WGMMA
-
-// FOLD: the scale in A (file comment); the launcher passes prefill_folds(x type, scale type).
+// One segment of a block's work: chunks [kc0, kc0 + KC) of K for the block's 128 rows (warp w:
+// row block rbw, in N where rb_in) and the BN tokens from tok0, summed into acc (zeroed here).
+// ks counts the steps of the block's earlier segments: the x ring's stages and mbarrier parities
+// run on across segments, and every step's x tile is released by the time this returns, so the
+// next segment's copies never wait on this one's future.
 template <int XT, int BN, int G, bool ASYM, int CODE, bool FOLD>
-__global__ void __launch_bounds__(PF_THREADS, 1)
-prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams p) {
-#if defined(QG_HAS_WGMMA)
-    static_assert(!FOLD || prefill_folds(XT, ELEM_BF16), "the fold multiplies bf16 A registers by bf16 scales");
-    static_assert(BN < 256 || FOLD, "a 256-token tile leaves no registers for the group sums");
+__device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map& tmap_x, const PrefillParams& p,
+                                            unsigned char* smem, uint64_t* full, uint64_t* empty, int tok0, int rbw,
+                                            bool rb_in, int kc0, int KC, int& ks) {
     typedef PrefillSmem<BN> Sm;
     constexpr int GC = 128 / G;
     constexpr int STAGES = Sm::STAGES;
     constexpr int PD = STAGES - 2;  // x tiles in flight ahead of the current step
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + Sm::BAR_OFF);
-    uint64_t* empty = full + STAGES;
-
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int tok0 = blockIdx.x * BN;
-    const int rb = blockIdx.y * (PF_ROWS / 16) + warp;
-    const bool rb_in = rb < p.row_blocks;
-    // grouped: the expert of this token tile (a tile past the rows in use, or of no expert,
-    // returns before any barrier or copy); its weight planes start e * row_blocks in
-    const int expert = p.tile_experts == nullptr ? 0 : p.tile_experts[blockIdx.x];
-    if (p.tile_experts != nullptr && (tok0 >= p.num_sorted[0] || expert < 0 || expert >= p.experts)) return;
-    const int rbw = rb + expert * p.row_blocks;
-    // split-K: this block's chunks [kc0, kc0 + KC); steps, stages and parities count from kc0
-    const int kc0 = static_cast<int>(static_cast<int64_t>(blockIdx.z) * p.k_chunks / p.splits);
-    const int KC = static_cast<int>(static_cast<int64_t>(blockIdx.z + 1) * p.k_chunks / p.splits) - kc0;
-    const int KT = 2 * KC;
-
-    if (tid == 0) {
-        tma_prefetch_descriptor(&tmap_x);
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], PF_THREADS / 32);
-        }
-        mbar_fence_init();
-    }
-    __syncthreads();
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int KT = 2 * KC, k0 = ks;
 
     auto issue = [&](int kt) {  // thread 0: x tile of step kt into its stage
-        const int s = kt % STAGES;
-        if (kt >= STAGES) mbar_wait(&empty[s], ((kt / STAGES) - 1) & 1);
+        const int q = k0 + kt, s = q % STAGES;
+        if (q >= STAGES) mbar_wait(&empty[s], ((q / STAGES) - 1) & 1);
         mbar_arrive_expect_tx(&full[s], Sm::B_BYTES);
         tma_load_2d(smem + s * Sm::B_BYTES, &tmap_x, &full[s], (2 * kc0 + kt) * 64, tok0);
     };
@@ -197,7 +171,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     load_chunk<GC, ASYM>(c0, p, rbw, kc0, lane, rb_in);
     load_chunk<GC, ASYM>(c1, p, rbw, kc0 + 1, lane, rb_in && 1 < KC);
 
-    WgAcc<BN> acc, grp;
+    WgAcc<BN> grp;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc.d[i] = grp.d[i] = 0.f;
 
@@ -208,7 +182,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
         load_chunk<GC, ASYM>(c1, p, rbw, kc0 + kc + 2, lane, rb_in && kc + 2 < KC);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int kt = 2 * kc + h;
+            const int kt = 2 * kc + h, q = k0 + kt;
             if (tid == 0 && kt + PD < KT) issue(kt + PD);
             // zero-points of the four k16 steps: step j of half h is in group (64 h + 16 j) / G
             if constexpr (CODE == CODE_E2M1) {
@@ -227,8 +201,8 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
                 dequant_tile<XT>(a[h], cur.w[h], nz0, nz1);
             }
             if constexpr (FOLD) fold_scales<G, GC>(a[h], cur.s, h);
-            const int s = kt % STAGES;
-            mbar_wait(&full[s], (kt / STAGES) & 1);
+            const int s = q % STAGES;
+            mbar_wait(&full[s], (q / STAGES) & 1);
             const unsigned char* tile = smem + s * Sm::B_BYTES;
             wgmma_fence();
             if constexpr (FOLD) {
@@ -238,7 +212,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
                 wgmma_commit();
                 wgmma_fence_acc(acc);
                 wgmma_wait<1>();
-                if (lane == 0 && kt > 0) mbar_arrive(&empty[(kt - 1) % STAGES]);
+                if (lane == 0 && kt > 0) mbar_arrive(&empty[(q - 1) % STAGES]);
             } else if constexpr (G == 32) {
                 // two groups per step: each is two k16 wgmmas, waited for and scaled
 #pragma unroll
@@ -262,43 +236,25 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
                     add_scaled<BN>(acc, grp, cur.s[G == 64 ? h : 0], p.scale_type);
                     if (lane == 0) {
                         mbar_arrive(&empty[s]);
-                        if (G == 128) mbar_arrive(&empty[(kt - 1) % STAGES]);
+                        if (G == 128) mbar_arrive(&empty[(q - 1) % STAGES]);
                     }
                 }
             }
         }
     }
+    if constexpr (FOLD) {  // the last step's wgmmas, then its tile back to the ring
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(&empty[(k0 + KT - 1) % STAGES]);
+    }
+    ks = k0 + KT;
+}
 
-    if constexpr (FOLD) wgmma_wait<0>();
-
-    // ---- epilogue: d[4j + i] = row 16 w + g + 8 (i >> 1), token 8 j + 2 t + (i & 1)
+// The dense epilogue of one tile: y = acc + bias, rounded once, rows past N and tokens past M
+// not stored. d[4j + i] is row 16 w + g + 8 (i >> 1) of the tile, token 8 j + 2 t + (i & 1).
+template <int BN>
+__device__ __forceinline__ void store_tile(WgAcc<BN>& acc, const PrefillParams& p, int tok0, int rb) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int n0 = rb * 16 + g;
-    if (p.splits > 1) {  // this split's sums, without the bias: prefill_reduce finishes
-        float* part = p.partial + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int tok = tok0 + 8 * j + 2 * t + (i & 1);
-                const int n = n0 + 8 * (i >> 1);
-                if (tok < p.m && n < p.n) part[static_cast<int64_t>(tok) * p.n + n] = acc.d[4 * j + i];
-            }
-        return;
-    }
-    if (p.tile_experts != nullptr) {  // grouped: scattered rows, the expert's bias, no padded column
-        const int64_t b0 = expert * p.bias_stride;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int row = p.out_rows[tok0 + 8 * j + 2 * t + (i & 1)];
-                const int n = n0 + 8 * (i >> 1);
-                if (row < 0 || row >= p.out_limit || n >= p.n || n % p.part_rows >= p.part_valid) continue;
-                store_out(p.y, static_cast<int64_t>(row) * p.ldy + n, acc.d[4 * j + i] + bias_at(p.bias, b0 + n),
-                          p.y_type);
-            }
-        return;
-    }
     const float bias_n[2] = {n0 < p.n ? bias_at(p.bias, n0) : 0.0f, n0 + 8 < p.n ? bias_at(p.bias, n0 + 8) : 0.0f};
     // the bias first, in registers, so that the store loop stays what it is without one
 #pragma unroll
@@ -314,6 +270,142 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
             if (tok < p.m && n < p.n)
                 store_out(p.y, static_cast<int64_t>(tok) * p.ldy + n, acc.d[4 * j + i], p.y_type);
         }
+}
+
+// A block's partial-sum slot (stream-K): BN / 8 float4 per thread, thread-minor, so that every
+// store and load of a slot is 16 consecutive bytes a lane.
+template <int BN>
+__device__ __forceinline__ float4* partial_slot(const PrefillParams& p, int block) {
+    return reinterpret_cast<float4*>(p.partial) + static_cast<int64_t>(block) * (BN / 8) * PF_THREADS + threadIdx.x;
+}
+
+// Stream-K, a segment that does not end the tile's K (the first its block runs): its sums to
+// the block's slot, then one arrival on the tile's counter (every thread's stores fenced before
+// the barrier; one release).
+template <int BN>
+__device__ __forceinline__ void contribute(const WgAcc<BN>& acc, const PrefillParams& p, int sk_tile) {
+    float4* slot = partial_slot<BN>(p, blockIdx.x);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+        __stcg(slot + j * PF_THREADS, make_float4(acc.d[4 * j], acc.d[4 * j + 1], acc.d[4 * j + 2], acc.d[4 * j + 3]));
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) qg_atomic_add_release_gpu(&p.sk_count[sk_tile], 1u);
+}
+
+// Stream-K, the segment that ends the tile's K after another block's (the last one its block
+// runs): waits for the `contributors` blocks before it, adds their slots in block order
+// (deterministic: the segmentation depends on the grid alone), zeroes the slots and re-arms
+// the counter. The contributors ran these segments first, so the wait is short; and a block
+// only ever waits for blocks of a lower index, which the GPU dispatched before it, so no
+// residency (another kernel on the SMs, a smaller device share) can make the waits circular.
+template <int BN>
+__device__ __forceinline__ void gather_partials(WgAcc<BN>& acc, const PrefillParams& p, int sk_tile, int contributors) {
+    if (threadIdx.x == 0) {
+        while (qg_atomic_load_acquire_gpu(&p.sk_count[sk_tile]) < static_cast<unsigned>(contributors)) __nanosleep(128);
+        p.sk_count[sk_tile] = 0;  // every contributor has arrived: no block touches it again this launch
+    }
+    __syncthreads();
+    for (int c = static_cast<int>(blockIdx.x) - contributors; c < static_cast<int>(blockIdx.x); ++c) {
+        float4* slot = partial_slot<BN>(p, c);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const float4 v = __ldcg(slot + j * PF_THREADS);
+            __stcg(slot + j * PF_THREADS, make_float4(0.f, 0.f, 0.f, 0.f));
+            acc.d[4 * j] += v.x, acc.d[4 * j + 1] += v.y, acc.d[4 * j + 2] += v.z, acc.d[4 * j + 3] += v.w;
+        }
+    }
+}
+
+}  // namespace
+#endif  // QG_HAS_WGMMA
+
+// FOLD: the scale in A (file comment); the launcher passes prefill_folds(x type, scale type).
+//
+// SK = false: a block a tile (token tile bx, row tile by), all of K. SK = true (dense calls
+// only): a grid of P blocks over the tiles t = row tile * token_tiles + token tile: their
+// (tile, chunk) units, tile-major, in equal contiguous ranges [b W / P, (b + 1) W / P) of the W
+// units, each range run from its end backwards. A range splits a tile's K at most at its two
+// ends: the block holding a tile's last unit ends it (its last segment: it adds the others'
+// sums, gather_partials), the blocks before it contribute (their first segments). Two kernels,
+// not one with a runtime switch: the whole-tile loop inside the stream-K one measured 9 %
+// slower on the H200 (43008 x 5376 M = 512: 400 -> 440 us).
+template <int XT, int BN, int G, bool ASYM, int CODE, bool FOLD, bool SK>
+__global__ void __launch_bounds__(PF_THREADS, SK && BN == 64 && FOLD ? 2 : 1)
+prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams p) {
+#if defined(QG_HAS_WGMMA)
+    static_assert(!FOLD || prefill_folds(XT, ELEM_BF16), "the fold multiplies bf16 A registers by bf16 scales");
+    static_assert(BN < 256 || FOLD, "a 256-token tile leaves no registers for the group sums");
+    typedef PrefillSmem<BN> Sm;
+    constexpr int STAGES = Sm::STAGES;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + Sm::BAR_OFF);
+    uint64_t* empty = full + STAGES;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    // grouped: the expert of this token tile (a tile past the rows in use, or of no expert,
+    // returns before any barrier or copy); its weight planes start e * row_blocks in
+    const bool grouped = !SK && p.tile_experts != nullptr;
+    const int expert = grouped ? p.tile_experts[blockIdx.x] : 0;
+    if (grouped && (static_cast<int>(blockIdx.x) * BN >= p.num_sorted[0] || expert < 0 || expert >= p.experts)) return;
+
+    if (tid == 0) {
+        tma_prefetch_descriptor(&tmap_x);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], PF_THREADS / 32);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    WgAcc<BN> acc;
+    int ks = 0;  // steps run so far (run_segment)
+    if constexpr (!SK) {
+        const int tok0 = blockIdx.x * BN;
+        const int rb = blockIdx.y * (PF_ROWS / 16) + warp;
+        run_segment<XT, BN, G, ASYM, CODE, FOLD>(acc, tmap_x, p, smem, full, empty, tok0, rb + expert * p.row_blocks,
+                                                 rb < p.row_blocks, 0, p.k_chunks, ks);
+        if (!grouped) {
+            store_tile<BN>(acc, p, tok0, rb);
+            return;
+        }
+        // grouped: scattered rows, the expert's bias, no padded column
+        const int n0 = rb * 16 + g;
+        const int64_t b0 = expert * p.bias_stride;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int row = p.out_rows[tok0 + 8 * j + 2 * t + (i & 1)];
+                const int n = n0 + 8 * (i >> 1);
+                if (row < 0 || row >= p.out_limit || n >= p.n || n % p.part_rows >= p.part_valid) continue;
+                store_out(p.y, static_cast<int64_t>(row) * p.ldy + n, acc.d[4 * j + i] + bias_at(p.bias, b0 + n),
+                          p.y_type);
+            }
+    } else {
+        const int KC = p.k_chunks, P = gridDim.x, b = blockIdx.x;
+        const int64_t W = static_cast<int64_t>(p.tiles) * KC;
+        const int64_t u0 = b * W / P;
+        for (int64_t e = (b + 1) * W / P; e > u0;) {  // segment [s, e): the range's last tile part first
+            const int sk = static_cast<int>((e - 1) / KC);
+            const int64_t t0 = static_cast<int64_t>(sk) * KC, s = u0 > t0 ? u0 : t0;
+            const int kc0 = static_cast<int>(s - t0), chunks = static_cast<int>(e - s);
+            const int tok0 = (sk % p.token_tiles) * BN, rb = (sk / p.token_tiles) * (PF_ROWS / 16) + warp;
+            run_segment<XT, BN, G, ASYM, CODE, FOLD>(acc, tmap_x, p, smem, full, empty, tok0, rb, rb < p.row_blocks,
+                                                     kc0, chunks, ks);
+            if (kc0 + chunks < KC) {
+                contribute<BN>(acc, p, sk);
+            } else {
+                // blocks from the one holding the tile's first unit up to this one contribute
+                if (kc0 > 0) gather_partials<BN>(acc, p, sk, b - static_cast<int>(((t0 + 1) * P - 1) / W));
+                store_tile<BN>(acc, p, tok0, rb);
+            }
+            e = s;
+        }
+    }
 #else
     // Built without sm_90a: the host gate (sm_90a in the build, compute capability 9.0)
     // never picks this tier then.
@@ -323,34 +415,22 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
 #endif
 }
 
-__global__ void __launch_bounds__(PF_REDUCE_THREADS) prefill_reduce(const PrefillParams p) {
-    const int64_t count = static_cast<int64_t>(p.m) * p.n;
-    const int64_t plane = count;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * PF_REDUCE_THREADS + threadIdx.x; i < count;
-         i += static_cast<int64_t>(gridDim.x) * PF_REDUCE_THREADS) {
-        float v = p.partial[i];
-        p.partial[i] = 0.f;  // the workspace is left zeroed, as the library found it
-        for (int z = 1; z < p.splits; ++z) {
-            v += p.partial[z * plane + i];
-            p.partial[z * plane + i] = 0.f;
-        }
-        const int64_t tok = i / p.n;
-        const int n = static_cast<int>(i - tok * p.n);
-        store_out(p.y, tok * p.ldy + n, v + bias_at(p.bias, n), p.y_type);
-    }
-}
-
-const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, bool asym, int code) {
+const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, bool asym, int code, bool stream_k) {
     const bool fold = prefill_folds(x_type, scale_type);
 #define QG_CASE(XT, BN, G, ASYM, FOLD)                                                                      \
     if (code == CODE_INT4 && x_type == XT && bn == BN && group_size == G && asym == ASYM && fold == FOLD) \
-        return reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, G, ASYM, CODE_INT4, FOLD>);
+        return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, G, ASYM, CODE_INT4, FOLD, true>)  \
+                        : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, G, ASYM, CODE_INT4, FOLD, false>);
     QG_W4A16_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
 #define QG_CASE(XT, BN)                                                                                     \
     if (code == CODE_E2M1 && x_type == XT && bn == BN && group_size == 32 && !asym &&                       \
         fold == prefill_folds(XT, ELEM_BF16))                                                               \
-        return reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_E2M1, prefill_folds(XT, ELEM_BF16)>);
+        return stream_k                                                                                     \
+                   ? reinterpret_cast<const void*>(                                                         \
+                         &prefill_wgmma<XT, BN, 32, false, CODE_E2M1, prefill_folds(XT, ELEM_BF16), true>)  \
+                   : reinterpret_cast<const void*>(                                                         \
+                         &prefill_wgmma<XT, BN, 32, false, CODE_E2M1, prefill_folds(XT, ELEM_BF16), false>);
     QG_MXFP4_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;

@@ -167,8 +167,9 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
  *                    where its grid is under one wave, q8_0 excepted), else 2 where it can.
  *                    The numeric tier options apply to GPU contexts; qg_context_set_tier
  *                    names a tier of either backend.
- *   "split_k"      : 0 auto, else the split-K factor forced on the decode and prefill tiers and on
- *                    the MoE mma.sync tiles (which split only when asked so far)
+ *   "split_k"      : 0 auto, else the split-K factor forced on the decode tiers and on the MoE
+ *                    mma.sync tiles (which split only when asked so far); on the W4A16 and MXFP4
+ *                    prefill, each tile's K shared by about that many blocks (stream-K)
  *   "prefill_tile" : 0 auto, else the token tile (64, 128 or 256) of the W4A16 and MXFP4 prefill
  *                    (256 only where the kernel folds the scale into A: bf16 x and bf16 scales;
  *                    128 otherwise). Speed only, like split_k: results never depend on it

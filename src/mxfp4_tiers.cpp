@@ -55,7 +55,7 @@ const Tier<qg_mxfp4_gemm_args>* const kGemmTiers[] = {
 };
 
 // Dense GEMM: the W4A16 frag policy (src/w4a16_tiers.cpp), the same kernels: above 16 rows
-// the prefill tier, unless its grid would be starved; else decode per 16 rows.
+// the prefill tier; else decode per 16 rows.
 const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp4_gemm_args& a,
                                              const char** reason) {
     if (!on_gpu(ctx)) {
@@ -64,15 +64,12 @@ const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp
     }
 #if defined(QG_HAVE_GPU)
     const bool many_rows = a.m > kFragDecodeRows;
-    const bool starved = frag_prefill_starved(ctx, a.m, a.n, a.k);
-    if (many_rows && !starved && usable(gpu_mxfp4_prefill_tier, ctx, a)) {
+    if (many_rows && usable(gpu_mxfp4_prefill_tier, ctx, a)) {
         *reason = "m > 16: prefill on wgmma";
         return &gpu_mxfp4_prefill_tier;
     }
     if (usable(gpu_mxfp4_decode_frag_tier, ctx, a)) {
-        *reason = !many_rows ? "m <= 16: memory-bound decode"
-                  : starved  ? "m <= 48, a prefill grid under one wave with k >= 8192: decode per 16 rows"
-                             : "no wgmma here: decode per 16 rows";
+        *reason = !many_rows ? "m <= 16: memory-bound decode" : "no wgmma here: decode per 16 rows";
         return &gpu_mxfp4_decode_frag_tier;
     }
 #endif

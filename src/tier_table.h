@@ -76,10 +76,6 @@ extern const Tier<qg_moe_stage2_args> gpu_moe_stage2_wgmma_tier;  // grouped wgm
 // mma.sync); above it a decode tier loops over 16-row launches, re-reading the weights each
 // time. The W4A16 and MXFP4 policies send larger M to the prefill tier.
 constexpr int64_t kFragDecodeRows = 16;
-// The frag prefill kernel's grid under one wave with a long K is latency-bound (one 128-row
-// tile per SM streams all of K): there the decode tier per 16 rows was measured faster, before
-// the prefill had split-K (src/gpu/w4a16_prefill_launch.cpp; bench/NOTES.md, "W4A16 prefill").
-bool frag_prefill_starved(const qg_context* ctx, int64_t m, int64_t n, int64_t k);
 #endif
 
 inline bool on_gpu(const qg_context* ctx) { return ctx->backend != QG_BACKEND_CPU; }

@@ -41,20 +41,13 @@ const Tier<qg_w4a16_gemm_args>* choose(const qg_context* ctx, const qg_w4a16_gem
     // them per 16 rows, so above 16 rows the prefill tier wins wherever it runs (measured
     // crossover: bench/NOTES.md, "W4A16 prefill")
     const bool many_rows = a.m > kFragDecodeRows;
-    // A prefill grid under one wave with a long K is latency-bound: measured on the H200
-    // (bench/NOTES.md, "W4A16 prefill"), 5376x21504 M=32: prefill 145 us, two 16-row decode
-    // launches 83 us; 4096x14336 M=32: 98 vs 64 us; from M = 64 the prefill wins again (145
-    // vs 166 us).
-    const bool prefill_starved = frag_prefill_starved(ctx, a.m, a.n, a.k);
-    if (many_rows && !prefill_starved && usable(gpu_w4a16_prefill_tier, ctx, a)) {
+    if (many_rows && usable(gpu_w4a16_prefill_tier, ctx, a)) {
         *reason = "m > 16 on the frag layout: prefill on wgmma";
         return &gpu_w4a16_prefill_tier;
     }
     // decode on the matrix units, from the layout the weight is in
     if (usable(gpu_w4a16_decode_frag_tier, ctx, a)) {
-        *reason = !many_rows        ? "m <= 16: memory-bound decode"
-                  : prefill_starved ? "m <= 48, a prefill grid under one wave with k >= 8192: decode per 16 rows"
-                                    : "frag layout, no wgmma here: decode per 16 rows";
+        *reason = !many_rows ? "m <= 16: memory-bound decode" : "frag layout, no wgmma here: decode per 16 rows";
         return &gpu_w4a16_decode_frag_tier;
     }
     if (usable(gpu_w4a16_decode_mma_tier, ctx, a)) {

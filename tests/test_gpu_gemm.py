@@ -171,7 +171,8 @@ def test_w4a16_gpu_forced_split_k(rng, gpu_ctx, split_k, layout, poisoned_output
     """split_k only changes the order of fp32 sums (same bound); the workspace counters
     re-arm, so back-to-back calls on one workspace stay right. N = 264 is two row tiles of
     the frag decode (one partial) and five row blocks of the canonical one; M = 40 and 300
-    run the frag layout's prefill, whose split partial sums prefill_reduce adds and zeroes."""
+    run the frag layout's prefill, where split_k spreads each tile's K over about split_k
+    blocks (stream-K: partial sums added by the tile's first block, slots zeroed once read)."""
     _need("w4a16")
     n, k, g = 264, 2048, 128
     w = random_int4(rng, n, k, g, False, BF16)
@@ -346,16 +347,18 @@ ctx.synchronize()
 
 
 def _prefill_launches_logged(n: int, k: int, m: int, g: int, symmetric: bool) -> tuple[list, int]:
-    """([(tokens, rows, tokens per tile, K splits) of each prefill launch], SMs) of the call a
-    child process logs for bf16 x and scales."""
+    """([(tokens, rows, tokens per tile, tiles, stream-K (0 / 1), blocks) of each prefill launch],
+    SMs) of the call a child process logs for bf16 x and scales."""
     p = subprocess.run([sys.executable, "-c", _TILE_CHILD, *(str(v) for v in (n, k, m, g, int(symmetric)))],
                        env=dict(os.environ, QG_LOG="1"), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"child failed:\n{p.stderr[-2000:]}"
     launches = re.findall(rf"w4a16 prefill_wgmma m=(\d+) n=(\d+) k={k} g={g} \w+ \(scale folded into A\): "
-                          rf"tile 128 rows x (\d+) tokens, grid \d+ x \d+ x (\d+)", p.stderr)
+                          rf"tile 128 rows x (\d+) tokens, (\d+) tiles \(\d+ x \d+\), (stream-K over|a block a tile,) "
+                          rf"blocks: (\d+)", p.stderr)
     sms = re.search(r"context \S+ device \d+: .*, (\d+) SMs", p.stderr)
     assert launches and sms, f"no folded prefill or context line in the child's QG_LOG output:\n{p.stderr[-2000:]}"
-    return [tuple(int(v) for v in launch) for launch in launches], int(sms.group(1))
+    return [(*(int(v) for v in launch[:4]), int(launch[4] == "stream-K over"), int(launch[5]))
+            for launch in launches], int(sms.group(1))
 
 
 @pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
@@ -372,7 +375,7 @@ def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, poison
     _need_prefill(gpu_ctx)
     n, k, m = 128 * 132, 384, 520
     launches, sms = _prefill_launches_logged(n, k, m, group_size, symmetric)
-    assert launches == [(512, n, 256, 1), (8, n, 64, 1)], f"{sms} SMs, M = {m}: the plan launched {launches}"
+    assert [v[:3] for v in launches] == [(512, n, 256), (8, n, 64)], f"{sms} SMs, M = {m}: the plan launched {launches}"
     tile = 256
     name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
     w = random_int4(rng, n, k, group_size, symmetric, BF16)
@@ -388,29 +391,34 @@ def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, poison
     assert_bitwise_equal(y1, want, f"one-hot {label}")
 
 
-def test_w4a16_gpu_prefill_last_wave_split(rng, gpu_ctx, poisoned_output, assert_close, assert_bitwise_equal):
-    """A grid of one wave and 4 blocks (SMs + 4 row tiles, the last 120 rows, one 256-token tile)
-    runs as the full wave and, as a second launch, the last 4 row tiles with K split over one
-    wave (src/gpu/w4a16_prefill_launch.cpp, wave_launches), then the ragged 44 tokens: M = 300,
-    K = 2048 (16 chunks: 16 splits), g128 asym bf16. The child's QG_LOG=1 lines give every
-    launch; against the folded reference, and with a bias: fl(y + bias) of the call without one,
-    bit for bit (each slice's bias and output columns start at its first row)."""
+@pytest.mark.parametrize("waves", [1, 2])
+def test_w4a16_gpu_prefill_stream_k(rng, gpu_ctx, waves, poisoned_output, assert_close, assert_bitwise_equal):
+    """Tiles of 256 tokens (one block an SM) past a whole wave: waves x SMs + 4 row tiles (the
+    last 120 rows), M = 300 (one 256-token tile, then the ragged 44 tokens as their own launch),
+    K = 2048, g128 asym bf16. prefill_plan spreads one wave and 4 tiles over the SMs as
+    stream-K (each tile's K in about two segments, the block ending it adding the other's
+    partial sums) and runs two waves and 4 tiles whole, a block a tile; the child's QG_LOG=1
+    lines say which, and how many blocks. Against the folded reference; twice on one workspace
+    (the counters re-arm, the slots are zeroed); with a bias, fl(y + bias) of the call without
+    one, bit for bit (the bias is added once, after the partial sums)."""
     _need_prefill(gpu_ctx)
     _, sms = _prefill_launches_logged(512, 256, 300, 128, False)
-    tiles = sms + 4
+    tiles = waves * sms + 4
     n, k, m = 128 * tiles - 8, 2048, 300
     launches, _ = _prefill_launches_logged(n, k, m, 128, False)
-    splits = min(sms // 4, k // 128)
-    assert launches == [(256, 128 * sms, 256, 1), (256, n - 128 * sms, 256, splits), (44, n, 64, 1)], launches
+    want = (1, sms) if waves == 1 else (0, tiles)  # stream-K, blocks
+    assert launches[0] == (256, n, 256, tiles, *want), launches
+    assert [v[:3] for v in launches[1:]] == [(44, n, 64)], launches
     w = random_int4(rng, n, k, 128, False, BF16)
     wd = w.to_device(gpu_ctx)
     x = random_x(rng, m, k, BF16)
     xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
-    y = _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32)
-    check_w4a16(y, x, w, F32, f"w4a16 prefill last wave split m={m} n={n}", assert_close, "forced")
+    for repeat in range(2):
+        y = _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32)
+        check_w4a16(y, x, w, F32, f"w4a16 prefill stream-K m={m} n={n} call {repeat}", assert_close, "forced")
     b = rng.standard_normal(n).astype(np.float32).astype(BF16)
     yb = pyquant.gemm(xd, wd.with_bias(pyquant.DeviceArray.from_numpy(b, gpu_ctx)), out_dtype=F32).to_numpy()
-    assert_bitwise_equal(yb, y + b.astype(np.float32)[None, :], "last wave split with a bias")
+    assert_bitwise_equal(yb, y + b.astype(np.float32)[None, :], "stream-K with a bias")
 
 
 @pytest.mark.parametrize("scale_dt", [F16, BF16], ids=["s_fp16", "s_bf16"])

@@ -350,7 +350,6 @@ qg_status launch_grouped(const qg_context* ctx, const GemmCall& c, qg_dtype x_dt
     p.scale_type = ELEM_BF16;
     p.y_type = ELEM_F32;
     p.bias = bias;
-    p.splits = 1;
     p.tile_experts = c.p.tile_experts;
     p.num_sorted = c.p.num_sorted;
     p.out_rows = c.p.sorted_ids;

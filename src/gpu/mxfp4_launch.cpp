@@ -121,7 +121,7 @@ bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
     return mxfp4_gpu_call(ctx, a, why) && frag_launch::prefill_usable(ctx, as_frag_call(a), why);
 }
 size_t prefill_workspace(const qg_context* ctx, const Args& a) {
-    return staging_of(a).bytes + frag_launch::prefill_workspace(ctx, as_frag_call(a));
+    return staging_of(a).bytes + frag_launch::prefill_workspace(ctx, as_frag_call(a), CODE_E2M1);
 }
 qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
     return staged(ctx, a, stream, [&](const qg_w4a16_gemm_args& w) { return frag_launch::prefill(ctx, w, CODE_E2M1, stream); });
