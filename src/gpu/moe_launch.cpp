@@ -330,7 +330,7 @@ qg_status launch_grouped(const qg_context* ctx, const GemmCall& c, qg_dtype x_dt
     const int x_type = elem_type(x_dtype);
     const int bn = c.p.tile_m;
     const void* kernel = grouped_kernel(x_dtype, bn);
-    const int smem = bn == 256 ? PrefillSmem<256>::SMEM : bn == 128 ? PrefillSmem<128>::SMEM : PrefillSmem<64>::SMEM;
+    const int smem = frag_launch::prefill_smem(bn);
     qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, what);
     if (st != QG_OK) return st;
     qg_tensor_map map;

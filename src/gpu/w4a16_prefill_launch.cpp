@@ -38,6 +38,10 @@ qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream)
 
 }  // namespace
 
+int frag_launch::prefill_smem(int bn) {
+    return bn == 256 ? PrefillSmem<256>::SMEM : bn == 128 ? PrefillSmem<128>::SMEM : PrefillSmem<64>::SMEM;
+}
+
 bool frag_launch::prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
     if (!wgmma_tier_usable(ctx, a.x, a.ldx, why)) return false;
     if (a.n >= (int64_t(1) << 31) || a.k >= (int64_t(1) << 31) || a.m >= (int64_t(1) << 31) ||
@@ -61,8 +65,6 @@ const void* kernel_of(const Args& a, int bn, int code, bool stream_k) {
     return nullptr;
 #endif
 }
-
-int smem_of(int bn) { return bn == 256 ? PrefillSmem<256>::SMEM : bn == 128 ? PrefillSmem<128>::SMEM : PrefillSmem<64>::SMEM; }
 
 // Tile width and grid of one prefill launch (bench/NOTES.md, "Prefill plan from the sweep" and
 // "Stream-K"):
@@ -100,7 +102,8 @@ PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code) {
     if (ctx->prefill_tile > 0) pl.bn = ctx->prefill_tile == 256 && !pl.fold ? 128 : static_cast<int>(ctx->prefill_tile);
     pl.token_tiles = ceil_div(a.m, pl.bn);
     pl.tiles = pl.row_tiles * pl.token_tiles;
-    const int per_sm = launch_util::resident_blocks(ctx, kernel_of(a, pl.bn, code, true), PF_THREADS, smem_of(pl.bn));
+    const int per_sm =
+        launch_util::resident_blocks(ctx, kernel_of(a, pl.bn, code, true), PF_THREADS, frag_launch::prefill_smem(pl.bn));
     const int64_t slots = static_cast<int64_t>(std::max(ctx->sm_count, 1)) * std::max(per_sm, 1);
     const int64_t units = pl.tiles * geo.k_chunks;
     constexpr int64_t kMinChunks = 8;
@@ -173,7 +176,7 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
     const frag::Geometry geo(a.n, a.k, a.group_size);
     const int bn = pl.bn;
     const void* kernel = kernel_of(a, bn, code, pl.stream_k);
-    const int smem = smem_of(bn);
+    const int smem = frag_launch::prefill_smem(bn);
     if (kernel == nullptr) return set_error(QG_ERR_INTERNAL, "%s: no kernel for bn=%d", what, bn);
     qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, what);
     if (st != QG_OK) return st;
