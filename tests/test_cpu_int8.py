@@ -221,6 +221,11 @@ def test_every_isa_level_gives_the_same_bits(rng, tmp_path, int8_ctx, assert_bit
 
 # ---------------------------------------------------------------- non-finite input
 
+def _one_nan(a):
+    """a with every NaN the same quiet NaN."""
+    return np.where(np.isnan(a), np.float32(np.nan), a)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_non_finite_rows_take_the_fp32_path(rng, fmt, int8_ctx, assert_bitwise_equal):
     """A NaN or inf in a row of x, or a non-finite scale in a weight row: those outputs are
@@ -250,7 +255,11 @@ def test_non_finite_rows_take_the_fp32_path(rng, fmt, int8_ctx, assert_bitwise_e
         int8_ctx.set_option("cpu_precision", FP32_EXACT)
         exact = pyquant.gemm(x, w, out_dtype=np.float32)
         int8_ctx.set_option("cpu_precision", INT8)
-        assert_bitwise_equal(np.where(fallback, got, 0), np.where(fallback, exact, 0), f"{fmt} m={m}: fallback")
+        # bit for bit, NaN for NaN: the sign and payload of a NaN are not part of the contract
+        # (docs/guarantees.md), and which operand's NaN an add keeps differs between the
+        # fp32 path's kernels for one column and for all (one seed of the ASan build).
+        assert_bitwise_equal(np.where(fallback, _one_nan(got), 0), np.where(fallback, _one_nan(exact), 0),
+                             f"{fmt} m={m}: fallback")
         assert_bitwise_equal(np.where(fallback, 0, got), np.where(fallback, 0, want), f"{fmt} m={m}: the rest")
 
 
