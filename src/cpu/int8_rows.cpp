@@ -142,6 +142,11 @@ struct GgufRows {
     QG_AVX2_INLINE unsigned scales8(int64_t fb, float* sw, float* mw, int32_t* sub) const;
     template <int J>
     QG_AVX2_INLINE void codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const;
+    // q6_K only, for the vpdpbusd kernel: scales8 with the sub-block scales as bytes
+    // subt[u * 8 + r], and the codes as w + 32 (unsigned)
+    QG_AVX2_INLINE unsigned scales8_t(int64_t fb, float* sw, int8_t* subt) const;
+    template <int J>
+    QG_AVX2_INLINE void codes_u(int i, int64_t fb, __m256i& lo, __m256i& hi) const;
     QG_AVX2_INLINE __m256i at2(int i, int64_t fb, int off) const { return load2(at(i, fb) + off, at(i + 4, fb) + off); }
 };
 
@@ -242,8 +247,30 @@ QG_AVX2_INLINE unsigned GgufRows<block_q6_K>::scales8(int64_t fb, float* sw, flo
     return finite_mask(d);
 }
 template <>
+QG_AVX2_INLINE unsigned GgufRows<block_q6_K>::scales8_t(int64_t fb, float* sw, int8_t* subt) const {
+    const __m256 d = f16_rows(*this, fb, offsetof(block_q6_K, d));
+    for (int j = 0; j < SUBS; ++j) _mm256_store_ps(sw + j * GROUP, d);
+    // the 8 rows' 16 scale bytes transposed: bytes, then pairs, then quads of rows interleaved
+    __m128i a[GROUP], b[GROUP];
+    for (int r = 0; r < GROUP; ++r) a[r] = _mm_loadu_si128((const __m128i*)(at(r, fb) + offsetof(block_q6_K, scales)));
+    for (int p = 0; p < 4; ++p) {  // b[2p]: parts 0..7 of rows 2p, 2p + 1; b[2p + 1]: parts 8..15
+        b[2 * p] = _mm_unpacklo_epi8(a[2 * p], a[2 * p + 1]);
+        b[2 * p + 1] = _mm_unpackhi_epi8(a[2 * p], a[2 * p + 1]);
+    }
+    for (int q = 0; q < 2; ++q)      // a[4q + h * 2 + e]: rows 4q .. 4q + 3 of parts 8h + 4e .. + 3
+        for (int h = 0; h < 2; ++h) {
+            a[4 * q + 2 * h] = _mm_unpacklo_epi16(b[4 * q + h], b[4 * q + 2 + h]);
+            a[4 * q + 2 * h + 1] = _mm_unpackhi_epi16(b[4 * q + h], b[4 * q + 2 + h]);
+        }
+    for (int g = 0; g < 4; ++g) {  // parts 4g .. 4g + 3, 8 rows each
+        _mm_storeu_si128((__m128i*)(subt + 32 * g), _mm_unpacklo_epi32(a[g], a[4 + g]));
+        _mm_storeu_si128((__m128i*)(subt + 32 * g + 16), _mm_unpackhi_epi32(a[g], a[4 + g]));
+    }
+    return finite_mask(d);
+}
+template <>
 template <int J>
-QG_AVX2_INLINE void GgufRows<block_q6_K>::codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
+QG_AVX2_INLINE void GgufRows<block_q6_K>::codes_u(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
     constexpr int j = J;
     constexpr int h = j / 4, part = j % 4;  // Decoder<block_q6_K>: r = 32 part + i within half h
     const int ql = offsetof(block_q6_K, ql) + 64 * h + 32 * (part & 1), qh = offsetof(block_q6_K, qh) + 32 * h;
@@ -252,10 +279,17 @@ QG_AVX2_INLINE void GgufRows<block_q6_K>::codes(int i, int64_t fb, __m256i& lo, 
         const __m256i l =
             _mm256_and_si256(_mm256_srli_epi16(at2(i, fb, ql + 16 * k), 4 * (part >> 1)), _mm256_set1_epi8(0x0f));
         const __m256i u = _mm256_and_si256(_mm256_srli_epi16(at2(i, fb, qh + 16 * k), 2 * part), _mm256_set1_epi8(0x03));
-        c[k] = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(u, 4)), _mm256_set1_epi8(32));
+        c[k] = _mm256_or_si256(l, _mm256_slli_epi16(u, 4));
     }
     lo = c[0];
     hi = c[1];
+}
+template <>
+template <int J>
+QG_AVX2_INLINE void GgufRows<block_q6_K>::codes(int i, int64_t fb, __m256i& lo, __m256i& hi) const {
+    codes_u<J>(i, fb, lo, hi);
+    lo = _mm256_sub_epi8(lo, _mm256_set1_epi8(32));
+    hi = _mm256_sub_epi8(hi, _mm256_set1_epi8(32));
 }
 
 // iq4_xs: ls_j = (nibble j%2 of scales_l[j/2]) | (bits 2j..2j+1 of scales_h) << 4, one lane per j
@@ -490,14 +524,14 @@ template <class F>
 constexpr bool rows_tree16() {
     return !F::SUB && 16 * F::MAX_CODE * 127 <= 32767;
 }
-// Formats the AVX-512 VNNI copy of the kernel serves (vpdpbusd): all but q6_K, which keeps
-// vpmaddwd (it applies the sub-block scales to the int16 pairs for free). One thread,
+// The AVX-512 VNNI copy of the kernel (vpdpbusd) serves every format. One thread,
 // 2048 x 4096, Zen 5, best of 0.4-1.5 s: M = 1 iq4_xs 0.30 -> 0.26 ms, q4_K 0.30 -> 0.28,
 // the rest even; M = 2 5-25 % faster (mxfp4 0.45 -> 0.37). Built for AVX-512 before the MXFP4
 // scales were vectorised, the same kernel had made mxfp4 slower (0.37 -> 0.47 ms at M = 1).
+// q6_K (sub-block scales) takes its own steps there (block_sums_sub, bench/NOTES.md).
 template <class F>
 constexpr bool rows_dpbusd() {
-    return !F::SUB;
+    return true;
 }
 
 namespace avx2 {
