@@ -172,7 +172,8 @@ def test_w4a16_gpu_forced_split_k(rng, gpu_ctx, split_k, layout, poisoned_output
     re-arm, so back-to-back calls on one workspace stay right. N = 264 is two row tiles of
     the frag decode (one partial) and five row blocks of the canonical one; M = 40 and 300
     run the frag layout's prefill, where split_k spreads each tile's K over about split_k
-    blocks (stream-K: partial sums added by the tile's first block, slots zeroed once read)."""
+    blocks (stream-K: partial sums added by the block holding the tile's last k-chunk, slots
+    zeroed once read)."""
     _need("w4a16")
     n, k, g = 264, 2048, 128
     w = random_int4(rng, n, k, g, False, BF16)

@@ -118,6 +118,10 @@ PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code) {
     } else if (pl.tiles < 2 * slots && pl.tiles % slots != 0 && 2 * (pl.tiles % slots) <= slots) {
         pl.grid = slots;  // one full wave and at most half of another: spread over one wave
     }
+    // every block at least one unit: a block of none would still be counted among a tile's
+    // contributors, and the block ending the tile would wait for it forever (each branch above
+    // keeps this already; the clamp makes it a property of the plan, not of its arithmetic)
+    pl.grid = std::min(pl.grid, units);
     pl.stream_k = pl.grid > 0 && (ctx->split_k > 0 || pl.grid != pl.tiles);
     return pl;
 }
