@@ -152,11 +152,12 @@ struct GgufRows {
 
 template <>
 const int GgufRows<block_q8_0>::MAX_CODE = 128;
-// q8_0, q4_0: sw = d, one fp16 per 32 elements
+// q8_0, q4_0: sw = d, one fp16 per 32 elements (at byte 0); q6_K: the same d for each of
+// its `blocks` 32-element blocks (at byte off)
 template <class F>
-QG_AVX2_INLINE unsigned d_scales8(const F& f, int64_t fb, float* sw) {
-    const __m256 d = f16_rows(f, fb, 0);
-    _mm256_store_ps(sw, d);
+QG_AVX2_INLINE unsigned d_scales8(const F& f, int64_t fb, float* sw, int off = 0, int blocks = 1) {
+    const __m256 d = f16_rows(f, fb, off);
+    for (int j = 0; j < blocks; ++j) _mm256_store_ps(sw + j * GROUP, d);
     return finite_mask(d);
 }
 static_assert(offsetof(block_q8_0, d) == 0 && offsetof(block_q4_0, d) == 0, "d_scales8 reads d at byte 0");
@@ -232,8 +233,7 @@ template <>
 const int GgufRows<block_q6_K>::MAX_CODE = 32;
 template <>
 QG_AVX2_INLINE unsigned GgufRows<block_q6_K>::scales8(int64_t fb, float* sw, float*, int32_t* sub) const {
-    const __m256 d = f16_rows(*this, fb, offsetof(block_q6_K, d));
-    for (int j = 0; j < SUBS; ++j) _mm256_store_ps(sw + j * GROUP, d);
+    const unsigned finite = d_scales8(*this, fb, sw, offsetof(block_q6_K, d), SUBS);
     for (int r = 0; r < GROUP; ++r) {  // int8 scales -> int16 in both halves of an int32
         const __m256i s16 =
             _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(at(r, fb) + offsetof(block_q6_K, scales))));
@@ -244,12 +244,11 @@ QG_AVX2_INLINE unsigned GgufRows<block_q6_K>::scales8(int64_t fb, float* sw, flo
         _mm_storeu_si128((__m128i*)(sub + r * 16 + 8), _mm256_extracti128_si256(lo, 1));
         _mm_storeu_si128((__m128i*)(sub + r * 16 + 12), _mm256_extracti128_si256(hi, 1));
     }
-    return finite_mask(d);
+    return finite;
 }
 template <>
 QG_AVX2_INLINE unsigned GgufRows<block_q6_K>::scales8_t(int64_t fb, float* sw, int8_t* subt) const {
-    const __m256 d = f16_rows(*this, fb, offsetof(block_q6_K, d));
-    for (int j = 0; j < SUBS; ++j) _mm256_store_ps(sw + j * GROUP, d);
+    const unsigned finite = d_scales8(*this, fb, sw, offsetof(block_q6_K, d), SUBS);
     // the 8 rows' 16 scale bytes transposed: bytes, then pairs, then quads of rows interleaved
     __m128i a[GROUP], b[GROUP];
     for (int r = 0; r < GROUP; ++r) a[r] = _mm_loadu_si128((const __m128i*)(at(r, fb) + offsetof(block_q6_K, scales)));
@@ -266,7 +265,7 @@ QG_AVX2_INLINE unsigned GgufRows<block_q6_K>::scales8_t(int64_t fb, float* sw, i
         _mm_storeu_si128((__m128i*)(subt + 32 * g), _mm_unpacklo_epi32(a[g], a[4 + g]));
         _mm_storeu_si128((__m128i*)(subt + 32 * g + 16), _mm_unpackhi_epi32(a[g], a[4 + g]));
     }
-    return finite_mask(d);
+    return finite;
 }
 template <>
 template <int J>
@@ -524,15 +523,12 @@ template <class F>
 constexpr bool rows_tree16() {
     return !F::SUB && 16 * F::MAX_CODE * 127 <= 32767;
 }
-// The AVX-512 VNNI copy of the kernel (vpdpbusd) serves every format. One thread,
-// 2048 x 4096, Zen 5, best of 0.4-1.5 s: M = 1 iq4_xs 0.30 -> 0.26 ms, q4_K 0.30 -> 0.28,
-// the rest even; M = 2 5-25 % faster (mxfp4 0.45 -> 0.37). Built for AVX-512 before the MXFP4
-// scales were vectorised, the same kernel had made mxfp4 slower (0.37 -> 0.47 ms at M = 1).
-// q6_K (sub-block scales) takes its own steps there (block_sums_sub, bench/NOTES.md).
-template <class F>
-constexpr bool rows_dpbusd() {
-    return true;
-}
+// The AVX-512 VNNI copy of the kernel (vpdpbusd) serves every format where the CPU has it
+// (rows_kernel below). One thread, 2048 x 4096, Zen 5, best of 0.4-1.5 s: M = 1 iq4_xs
+// 0.30 -> 0.26 ms, q4_K 0.30 -> 0.28, the rest even; M = 2 5-25 % faster (mxfp4 0.45 -> 0.37).
+// Built for AVX-512 before the MXFP4 scales were vectorised, the same kernel had made mxfp4
+// slower (0.37 -> 0.47 ms at M = 1). q6_K (sub-block scales) takes its own steps there
+// (block_sums_sub; bench/NOTES.md, "q6_K on vpdpbusd").
 
 namespace avx2 {
 #define QG_ROWS_VNNI 0
@@ -619,7 +615,7 @@ int64_t rows_max_m() {
 #if QG_INT8_HAVE_AVX2
 #define QG_ROWS_ENTRIES(SRC, F, ELEMS)                                                                  \
     void rows_kernel(const SRC& src, int g0, int64_t K, const Q8Rows& x, float* acc, bool* ok) {          \
-        if (rows_dpbusd<F>() && rows_vnni())                                                              \
+        if (rows_vnni())                                                                                  \
             vnni::rows_run(F(src, g0), K / (ELEMS), x, acc + g0, ok + g0);                                \
         else                                                                                              \
             avx2::rows_run(F(src, g0), K / (ELEMS), x, acc + g0, ok + g0);                                \
