@@ -142,6 +142,31 @@ __device__ __forceinline__ void fold_scales(uint32_t (&a)[4][4], const uint32_t 
     }
 }
 
+// The x ring in shared memory by address (computed once per block, so that the generic-to-shared
+// conversion stays out of the loop): STAGES tiles of B_BYTES from `tiles`, then a `full` and an
+// `empty` mbarrier per stage, 8 bytes each.
+struct XRing {
+    uint32_t tiles, full, empty;
+};
+
+// A step's place in the ring: its stage and the parity of the stage's phase, advanced one step
+// at a time (q % STAGES and q / STAGES of a runtime q cost a multiply-high where STAGES is 5).
+// `reused`: the stage has held an earlier step (q >= STAGES), whose release the copy waits for.
+template <int STAGES>
+struct RingPos {
+    uint32_t s, phase;
+    bool reused;
+    __device__ __forceinline__ explicit RingPos(int q)
+        : s(static_cast<uint32_t>(q) % STAGES), phase((static_cast<uint32_t>(q) / STAGES) & 1), reused(q >= STAGES) {}
+    __device__ __forceinline__ void next() {
+        if (++s == STAGES) {
+            s = 0;
+            phase ^= 1;
+            reused = true;
+        }
+    }
+};
+
 // One segment of a block's work: chunks [kc0, kc0 + KC) of K for the block's 128 rows (warp w:
 // row block rbw, in N where rb_in) and the BN tokens from tok0, summed into acc (zeroed here).
 // ks counts the steps of the block's earlier segments: the x ring's stages and mbarrier parities
@@ -149,8 +174,8 @@ __device__ __forceinline__ void fold_scales(uint32_t (&a)[4][4], const uint32_t 
 // next segment's copies never wait on this one's future.
 template <int XT, int BN, int G, bool ASYM, int CODE, bool FOLD>
 __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map& tmap_x, const PrefillParams& p,
-                                            unsigned char* smem, uint64_t* full, uint64_t* empty, int tok0, int rbw,
-                                            bool rb_in, int kc0, int KC, int& ks) {
+                                            const XRing& ring, int tok0, int rbw, bool rb_in, int kc0, int KC,
+                                            int& ks) {
     typedef PrefillSmem<BN> Sm;
     constexpr int GC = 128 / G;
     constexpr int STAGES = Sm::STAGES;
@@ -158,31 +183,38 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
     const int tid = threadIdx.x, lane = tid & 31;
     const int KT = 2 * KC, k0 = ks;
 
+    RingPos<STAGES> copy(k0);  // thread 0: the next step to copy, in step order
     auto issue = [&](int kt) {  // thread 0: x tile of step kt into its stage
-        const int q = k0 + kt, s = q % STAGES;
-        if (q >= STAGES) mbar_wait(&empty[s], ((q / STAGES) - 1) & 1);
-        mbar_arrive_expect_tx(&full[s], Sm::B_BYTES);
-        tma_load_2d(smem + s * Sm::B_BYTES, &tmap_x, &full[s], (2 * kc0 + kt) * 64, tok0);
+        const uint32_t full = ring.full + 8 * copy.s;
+        if (copy.reused) mbar_wait_at(ring.empty + 8 * copy.s, copy.phase ^ 1);
+        mbar_arrive_expect_tx_at(full, Sm::B_BYTES);
+        tma_load_2d_at(ring.tiles + copy.s * Sm::B_BYTES, &tmap_x, full, (2 * kc0 + kt) * 64, tok0);
+        copy.next();
     };
     if (tid == 0)
         for (int kt = 0; kt < PD && kt < KT; ++kt) issue(kt);
 
-    Chunk<GC> c0, c1;
-    load_chunk<GC, ASYM>(c0, p, rbw, kc0, lane, rb_in);
-    load_chunk<GC, ASYM>(c1, p, rbw, kc0 + 1, lane, rb_in && 1 < KC);
+    // chunk registers, loaded two chunks ahead of their use: a ring of 3 slots, the loop unrolled
+    // by 3 so that the slots are fixed registers, not copies per chunk (the fold kernels of 128
+    // and 256 tokens: 16 % fewer instructions a chunk, no spill); elsewhere (64 tokens, where
+    // two blocks an SM cap the registers at 128, and the group-sum kernels near 255) the
+    // unrolled loop spilled, and the slots rotate by copies
+    constexpr bool UNROLL3 = FOLD && BN >= 128;
+    Chunk<GC> cb[3];
+    load_chunk<GC, ASYM>(cb[0], p, rbw, kc0, lane, rb_in);
+    load_chunk<GC, ASYM>(cb[1], p, rbw, kc0 + 1, lane, rb_in && 1 < KC);
 
     WgAcc<BN> grp;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc.d[i] = grp.d[i] = 0.f;
 
+    RingPos<STAGES> use(k0);     // the step the warps compute
+    uint32_t prev = ring.empty;  // `empty` of the step before (FOLD and G = 128 release it)
     uint32_t a[2][4][4];  // A registers of the chunk's two steps (outside the loop: FOLD keeps one in flight)
-    for (int kc = 0; kc < KC; ++kc) {
-        const Chunk<GC> cur = c0;
-        c0 = c1;
-        load_chunk<GC, ASYM>(c1, p, rbw, kc0 + kc + 2, lane, rb_in && kc + 2 < KC);
+    auto run_chunk = [&](const Chunk<GC>& cur, int kc) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int kt = 2 * kc + h, q = k0 + kt;
+            const int kt = 2 * kc + h;
             if (tid == 0 && kt + PD < KT) issue(kt + PD);
             // zero-points of the four k16 steps: step j of half h is in group (64 h + 16 j) / G
             if constexpr (CODE == CODE_E2M1) {
@@ -201,50 +233,71 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
                 dequant_tile<XT>(a[h], cur.w[h], nz0, nz1);
             }
             if constexpr (FOLD) fold_scales<G, GC>(a[h], cur.s, h);
-            const int s = q % STAGES;
-            mbar_wait(&full[s], (q / STAGES) & 1);
-            const unsigned char* tile = smem + s * Sm::B_BYTES;
+            const uint32_t empty = ring.empty + 8 * use.s;
+            mbar_wait_at(ring.full + 8 * use.s, use.phase);
+            const uint64_t desc = wgmma_desc_k128b_at(ring.tiles + use.s * Sm::B_BYTES);  // k16 step j: + 32 j bytes
             wgmma_fence();
             if constexpr (FOLD) {
                 // all of K into acc; wait for the previous step only, then release its tile
 #pragma unroll
-                for (int j = 0; j < 4; ++j) wgmma_m64k16<XT, BN>(acc, a[h][j], wgmma_desc_k128b(tile + 32 * j), 1);
+                for (int j = 0; j < 4; ++j) wgmma_m64k16<XT, BN>(acc, a[h][j], wgmma_desc_offset(desc, 32 * j), 1);
                 wgmma_commit();
                 wgmma_fence_acc(acc);
                 wgmma_wait<1>();
-                if (lane == 0 && kt > 0) mbar_arrive(&empty[(q - 1) % STAGES]);
+                if (lane == 0 && kt > 0) mbar_arrive_at(prev);
             } else if constexpr (G == 32) {
                 // two groups per step: each is two k16 wgmmas, waited for and scaled
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
-                    wgmma_m64k16<XT, BN>(grp, a[h][2 * half], wgmma_desc_k128b(tile + 64 * half), 0);
-                    wgmma_m64k16<XT, BN>(grp, a[h][2 * half + 1], wgmma_desc_k128b(tile + 64 * half + 32), 1);
+                    wgmma_m64k16<XT, BN>(grp, a[h][2 * half], wgmma_desc_offset(desc, 64 * half), 0);
+                    wgmma_m64k16<XT, BN>(grp, a[h][2 * half + 1], wgmma_desc_offset(desc, 64 * half + 32), 1);
                     wgmma_commit();
                     wgmma_wait<0>();
                     add_scaled<BN>(acc, grp, cur.s[2 * h + half], p.scale_type);
                     if (half == 0) wgmma_fence();
                 }
-                if (lane == 0) mbar_arrive(&empty[s]);
+                if (lane == 0) mbar_arrive_at(empty);
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
-                    wgmma_m64k16<XT, BN>(grp, a[h][j], wgmma_desc_k128b(tile + 32 * j),
+                    wgmma_m64k16<XT, BN>(grp, a[h][j], wgmma_desc_offset(desc, 32 * j),
                                          (j == 0 && (G == 64 || h == 0)) ? 0 : 1);
                 wgmma_commit();
                 if (G == 64 || h == 1) {  // the group ends with this step
                     wgmma_wait<0>();
                     add_scaled<BN>(acc, grp, cur.s[G == 64 ? h : 0], p.scale_type);
                     if (lane == 0) {
-                        mbar_arrive(&empty[s]);
-                        if (G == 128) mbar_arrive(&empty[(q - 1) % STAGES]);
+                        mbar_arrive_at(empty);
+                        if (G == 128) mbar_arrive_at(prev);
                     }
                 }
             }
+            prev = empty;
+            use.next();
+        }
+    };
+    if constexpr (UNROLL3) {
+        for (int kc = 0; kc < KC; kc += 3) {
+#pragma unroll
+            for (int u = 0; u < 3; ++u) {
+                if (u == 0 || kc + u < KC) {
+                    // slot (u + 2) % 3 held chunk kc + u - 1, spent in the step before
+                    load_chunk<GC, ASYM>(cb[(u + 2) % 3], p, rbw, kc0 + kc + u + 2, lane, rb_in && kc + u + 2 < KC);
+                    run_chunk(cb[u], kc + u);
+                }
+            }
+        }
+    } else {
+        for (int kc = 0; kc < KC; ++kc) {
+            cb[2] = cb[0];
+            cb[0] = cb[1];
+            load_chunk<GC, ASYM>(cb[1], p, rbw, kc0 + kc + 2, lane, rb_in && kc + 2 < KC);
+            run_chunk(cb[2], kc);
         }
     }
     if constexpr (FOLD) {  // the last step's wgmmas, then its tile back to the ring
         wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(&empty[(k0 + KT - 1) % STAGES]);
+        if (lane == 0) mbar_arrive_at(prev);
     }
     ks = k0 + KT;
 }
@@ -361,12 +414,13 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     }
     __syncthreads();
 
+    const XRing ring{smem_addr(smem), smem_addr(full), smem_addr(empty)};
     WgAcc<BN> acc;
     int ks = 0;  // steps run so far (run_segment)
     if constexpr (!SK) {
         const int tok0 = blockIdx.x * BN;
         const int rb = blockIdx.y * (PF_ROWS / 16) + warp;
-        run_segment<XT, BN, G, ASYM, CODE, FOLD>(acc, tmap_x, p, smem, full, empty, tok0, rb + expert * p.row_blocks,
+        run_segment<XT, BN, G, ASYM, CODE, FOLD>(acc, tmap_x, p, ring, tok0, rb + expert * p.row_blocks,
                                                  rb < p.row_blocks, 0, p.k_chunks, ks);
         if (!grouped) {
             store_tile<BN>(acc, p, tok0, rb);
@@ -394,7 +448,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
             const int64_t t0 = static_cast<int64_t>(sk) * KC, s = u0 > t0 ? u0 : t0;
             const int kc0 = static_cast<int>(s - t0), chunks = static_cast<int>(e - s);
             const int tok0 = (sk % p.token_tiles) * BN, rb = (sk / p.token_tiles) * (PF_ROWS / 16) + warp;
-            run_segment<XT, BN, G, ASYM, CODE, FOLD>(acc, tmap_x, p, smem, full, empty, tok0, rb, rb < p.row_blocks,
+            run_segment<XT, BN, G, ASYM, CODE, FOLD>(acc, tmap_x, p, ring, tok0, rb, rb < p.row_blocks,
                                                      kc0, chunks, ks);
             if (kc0 + chunks < KC) {
                 contribute<BN>(acc, p, sk);

@@ -23,17 +23,22 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
 }
 // Makes the initialised barriers visible to the async proxy (the TMA unit) as well.
 __device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+// Each takes the barrier as a shared-memory address (the `_at` forms: a kernel that computes
+// its ring's addresses once keeps the generic-to-shared conversion out of its loop) or as a
+// pointer.
+__device__ __forceinline__ void mbar_arrive_at(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) { mbar_arrive_at(smem_addr(bar)); }
 // The arrival of a TMA producer: one arrival plus `bytes` the copies will complete.
+__device__ __forceinline__ void mbar_arrive_expect_tx_at(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
-                 : "memory");
+    mbar_arrive_expect_tx_at(smem_addr(bar), bytes);
 }
 // Waits until the barrier's phase with parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-    const uint32_t a = smem_addr(bar);
+__device__ __forceinline__ void mbar_wait_at(uint32_t a, uint32_t parity) {
     asm volatile(
         "{\n"
         ".reg .pred done;\n"
@@ -44,6 +49,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         "r"(parity)
         : "memory");
 }
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { mbar_wait_at(smem_addr(bar), parity); }
 
 // ---------------------------------------------------------------- named barriers
 // bar.sync waits until `count` threads have arrived at barrier `id` (1..15; 0 is
@@ -59,12 +65,15 @@ __device__ __forceinline__ void named_bar_arrive(int id, int count) {
 // ---------------------------------------------------------------- TMA
 // 2-D tile load: box at element coordinates (c0 inner, c1 outer) of the tensor map into
 // shared memory, completing `bar`'s transaction count. Out-of-range elements read as zero.
-__device__ __forceinline__ void tma_load_2d(void* smem_dst, const void* tensor_map, uint64_t* bar, int c0, int c1) {
+__device__ __forceinline__ void tma_load_2d_at(uint32_t smem_dst, const void* tensor_map, uint32_t bar, int c0, int c1) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
-            smem_addr(smem_dst)),
-        "l"(tensor_map), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
+            smem_dst),
+        "l"(tensor_map), "r"(bar), "r"(c0), "r"(c1)
         : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const void* tensor_map, uint64_t* bar, int c0, int c1) {
+    tma_load_2d_at(smem_addr(smem_dst), tensor_map, smem_addr(bar), c0, c1);
 }
 __device__ __forceinline__ void tma_prefetch_descriptor(const void* tensor_map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(tensor_map) : "memory");
@@ -76,9 +85,17 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const void* tensor_map) 
 // atoms 1024 B apart (stride byte offset), leading byte offset 16 B (unused by this
 // layout, set as CUTLASS does), layout type 1 = 128B swizzle in bits 62..63. The tile
 // must start 1024-byte aligned (base offset 0); the k16 steps inside it start 32 B apart.
-__device__ __forceinline__ uint64_t wgmma_desc_k128b(const void* tile) {
-    const uint64_t a = smem_addr(tile);
-    return ((a & 0x3ffffull) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (1ull << 62);
+__device__ __forceinline__ uint64_t wgmma_desc_k128b_at(uint32_t tile) {
+    return ((uint64_t(tile) & 0x3ffffull) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+__device__ __forceinline__ uint64_t wgmma_desc_k128b(const void* tile) { return wgmma_desc_k128b_at(smem_addr(tile)); }
+// The descriptor of the tile `bytes` further on (a k16 step: 32): the start address field (the
+// low 14 bits) holds the address in 16-byte units, and a shared-memory address stays below 2^18,
+// so no carry leaves the field: the add is on the low word alone (a 64-bit add compiles to a
+// carry chain and register copies).
+__device__ __forceinline__ uint64_t wgmma_desc_offset(uint64_t desc, uint32_t bytes) {
+    return (desc & 0xffffffff00000000ull) | (static_cast<uint32_t>(desc) + (bytes >> 4));
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
