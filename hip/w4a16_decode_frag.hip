@@ -303,9 +303,13 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                     if (m < p.m) part[m * FRAG_TILE_ROWS + row] = acc[r][mt][i];
                     acc[r][mt][i] = 0.f;
                 }
-        __threadfence();
+        // The block's stores are ordered before thread 0's fence by the barrier (the fence is
+        // cumulative), so one thread fences, not 256 (ncu: membar stalls, stop 19).
         __syncthreads();
-        if (tid == 0) last_block = atomicAdd(&p.counters[cur_rt], 1u) == static_cast<unsigned>(contributors - 1);
+        if (tid == 0) {
+            __threadfence();
+            last_block = atomicAdd(&p.counters[cur_rt], 1u) == static_cast<unsigned>(contributors - 1);
+        }
         __syncthreads();
         if (last_block) {
             __threadfence();
