@@ -50,7 +50,18 @@ def w4a16_bound(k: int, y_dtype) -> float:
 gguf_float_bound = w4a16_bound
 
 
-def check_w4a16(y, x, w, y_dtype, name, assert_close, prefill=None):
+def prefill_decode_tail(m: int, folds: bool) -> int:
+    """The first token of a prefill call (auto tile) that runs on decode_frag, else m: the
+    plan (src/gpu/w4a16_prefill_launch.cpp, main_tokens) takes a token tile of 64 up to 64
+    tokens, 128 up to 128 or where the scale does not fold into A, else 256, and runs a
+    ragged tail of at most 16 tokens past the last full tile on decode_frag (the wide-tile
+    test asserts it from the QG_LOG lines)."""
+    tile = 64 if m <= 64 else 128 if m <= 128 or not folds else 256
+    tail = m % tile
+    return m - tail if m >= tile and 0 < tail <= 16 else m
+
+
+def check_w4a16(y, x, w, y_dtype, name, assert_close, prefill=None, tile_forced=False):
     """y of a W4A16 call with host weight w (Int4Weight) against the reference.
 
     Where the prefill tier folds the scale into A (bf16 x and bf16 scales, int4.prefill_folds),
@@ -63,13 +74,22 @@ def check_w4a16(y, x, w, y_dtype, name, assert_close, prefill=None):
           decode tier): against the exact weights within bf16_tile.error_bound, which adds the
           weight rounding (2^-8 |x| @ |w|^T) to the same sums and so holds for the decode
           tiers' exact products too.
+      A forced call whose plan runs a ragged tail of at most 16 tokens on decode_frag
+          (prefill_decode_tail; tile_forced: the prefill_tile option is set, so it does not):
+          those rows against the exact weights within bf16_tile.accumulation_bound (the
+          decode's fp32 sums; it does not round the weights).
     Every other call: the exact weights within w4a16_bound, normwise."""
     folds = prefill is not None and int4.prefill_folds(x.dtype, w.scales.dtype)
     u_y = UNIT_ROUNDOFF[np.dtype(y_dtype)]
     if folds and prefill == "forced":
+        m1 = len(x) if tile_forced else prefill_decode_tail(len(x), True)
         wf = int4.dequantize_folded(w.qweight, w.scales, w.qzeros, w.group_size)
-        assert_elementwise(y, reference.gemm(x, wf), bf16_tile.accumulation_bound(x, wf, u_y),
+        assert_elementwise(y[:m1], reference.gemm(x[:m1], wf), bf16_tile.accumulation_bound(x[:m1], wf, u_y),
                            f"{name} (folded prefill)", what="folded reference")
+        if m1 < len(x):
+            w_deq = w.dequantize()
+            assert_elementwise(y[m1:], reference.gemm(x[m1:], w_deq), bf16_tile.accumulation_bound(x[m1:], w_deq, u_y),
+                               f"{name} (tokens {m1}.. on decode_frag)")
     elif folds:
         w_deq = w.dequantize()
         assert_elementwise(y, reference.gemm(x, w_deq), bf16_tile.error_bound(x, w_deq, u_y), f"{name} (maybe folded)")
@@ -314,7 +334,7 @@ def test_w4a16_gpu_prefill_forced_tile(rng, gpu_ctx, tile, x_dt, scale_dt, poiso
             gpu_ctx.set_option("split_k", split)
             y = _force(gpu_ctx, "w4a16", name, lambda: _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32))
             check_w4a16(y, x, w, F32, f"w4a16 prefill tile {tile} split_k {split} x={x_dt} m={m}",
-                        assert_close, "forced")
+                        assert_close, "forced", tile_forced=True)
     finally:
         gpu_ctx.set_option("prefill_tile", 0)
         gpu_ctx.set_option("split_k", 0)
@@ -347,19 +367,21 @@ ctx.synchronize()
 """
 
 
-def _prefill_launches_logged(n: int, k: int, m: int, g: int, symmetric: bool) -> tuple[list, int]:
+def _prefill_launches_logged(n: int, k: int, m: int, g: int, symmetric: bool) -> tuple[list, list, int]:
     """([(tokens, rows, tokens per tile, tiles, stream-K (0 / 1), blocks) of each prefill launch],
-    SMs) of the call a child process logs for bf16 x and scales."""
+    [tokens of each decode_frag launch], SMs) of the call a child process logs for bf16 x and
+    scales."""
     p = subprocess.run([sys.executable, "-c", _TILE_CHILD, *(str(v) for v in (n, k, m, g, int(symmetric)))],
                        env=dict(os.environ, QG_LOG="1"), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"child failed:\n{p.stderr[-2000:]}"
     launches = re.findall(rf"w4a16 prefill_wgmma m=(\d+) n=(\d+) k={k} g={g} \w+ \(scale folded into A\): "
                           rf"tile 128 rows x (\d+) tokens, (\d+) tiles \(\d+ x \d+\), (stream-K over|a block a tile,) "
                           rf"blocks: (\d+)", p.stderr)
+    decodes = re.findall(rf"w4a16 decode_frag m=(\d+) n={n} k={k} g={g} ", p.stderr)
     sms = re.search(r"context \S+ device \d+: .*, (\d+) SMs", p.stderr)
     assert launches and sms, f"no folded prefill or context line in the child's QG_LOG output:\n{p.stderr[-2000:]}"
-    return [(*(int(v) for v in launch[:4]), int(launch[4] == "stream-K over"), int(launch[5]))
-            for launch in launches], int(sms.group(1))
+    return ([(*(int(v) for v in launch[:4]), int(launch[4] == "stream-K over"), int(launch[5]))
+             for launch in launches], [int(v) for v in decodes], int(sms.group(1)))
 
 
 @pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
@@ -369,14 +391,16 @@ def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, poison
     """bf16 x and bf16 scales above 128 tokens: N = 128 x 132 (132 row tiles), M = 520 (two
     token tiles of 256 and a tail of 8), K = 384 (3 chunks: 12, 6 or 3 groups). prefill_plan
     (src/gpu/w4a16_prefill_launch.cpp) takes the 256-token tile wherever the kernel folds and
-    M > 128, and runs a tail of at most 128 tokens past the last full 256 as its own launch
-    with the tile of its M; a child's QG_LOG=1 lines give each launch's tokens and tile.
-    Against the folded reference (check_w4a16), and one-hot rows (M = 520 again) give each
-    folded weight bit for bit."""
+    M > 128, and runs a tail of at most 16 tokens past the last full 256 on decode_frag; a
+    child's QG_LOG=1 lines give each launch's tokens and tile. Against the folded reference
+    (check_w4a16; the tail against the exact weights), and one-hot rows (M = 520 again) give
+    each folded weight bit for bit, and the exact weight on the tail's rows."""
     _need_prefill(gpu_ctx)
     n, k, m = 128 * 132, 384, 520
-    launches, sms = _prefill_launches_logged(n, k, m, group_size, symmetric)
-    assert [v[:3] for v in launches] == [(512, n, 256), (8, n, 64)], f"{sms} SMs, M = {m}: the plan launched {launches}"
+    launches, decodes, sms = _prefill_launches_logged(n, k, m, group_size, symmetric)
+    assert [v[:3] for v in launches] == [(512, n, 256)] and decodes == [8], \
+        f"{sms} SMs, M = {m}: the plan launched {launches} and decode_frag on {decodes} tokens"
+    assert prefill_decode_tail(m, True) == 512
     tile = 256
     name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
     w = random_int4(rng, n, k, group_size, symmetric, BF16)
@@ -387,6 +411,7 @@ def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, poison
     label = f"w4a16 wide prefill g{group_size} {'sym' if symmetric else 'asym'} m={m} tile {tile}"
     check_w4a16(y, x, w, F32, label, assert_close, "forced")
     x1, want = one_hot_case(rng, int4.dequantize_folded(w.qweight, w.scales, w.qzeros, group_size), m - k)
+    want[512:] = w.dequantize()[:, x1[512:].argmax(axis=1)].T + np.float32(0)  # the decode_frag tail
     x1d = pyquant.DeviceArray.from_numpy(x1.astype(BF16), gpu_ctx)
     y1 = _force(gpu_ctx, "w4a16", name, lambda: pyquant.gemm(x1d, wd, out_dtype=np.float32).to_numpy())
     assert_bitwise_equal(y1, want, f"one-hot {label}")
@@ -403,13 +428,13 @@ def test_w4a16_gpu_prefill_stream_k(rng, gpu_ctx, waves, poisoned_output, assert
     (the counters re-arm, the slots are zeroed); with a bias, fl(y + bias) of the call without
     one, bit for bit (the bias is added once, after the partial sums)."""
     _need_prefill(gpu_ctx)
-    _, sms = _prefill_launches_logged(512, 256, 300, 128, False)
+    _, _, sms = _prefill_launches_logged(512, 256, 300, 128, False)
     tiles = waves * sms + 4
     n, k, m = 128 * tiles - 8, 2048, 300
-    launches, _ = _prefill_launches_logged(n, k, m, 128, False)
+    launches, decodes, _ = _prefill_launches_logged(n, k, m, 128, False)
     want = (1, sms) if waves == 1 else (0, tiles)  # stream-K, blocks
     assert launches[0] == (256, n, 256, tiles, *want), launches
-    assert [v[:3] for v in launches[1:]] == [(44, n, 64)], launches
+    assert [v[:3] for v in launches[1:]] == [(44, n, 64)] and not decodes, (launches, decodes)
     w = random_int4(rng, n, k, 128, False, BF16)
     wd = w.to_device(gpu_ctx)
     x = random_x(rng, m, k, BF16)

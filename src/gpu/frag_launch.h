@@ -12,6 +12,8 @@
 namespace qg {
 namespace frag_launch {
 
+constexpr int kDecodeRows = 16;  // rows of x per decode launch (decode_mma, decode_frag): two n8 mma tiles
+
 // decode_frag: M <= 16 per launch (larger M: one launch per 16 rows), mma.sync (sm_80+)
 bool decode_usable(const qg_context* ctx, const qg_w4a16_gemm_args& a, const char** why);
 size_t decode_workspace(const qg_context* ctx, const qg_w4a16_gemm_args& a, int code);

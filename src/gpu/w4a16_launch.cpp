@@ -23,7 +23,7 @@ using launch_util::aligned16;
 using launch_util::elem_type;
 using launch_util::mma_sync_device;
 
-constexpr int kDecodeRows = 16;   // rows of x per decode launch: two n8 mma tiles
+using frag_launch::kDecodeRows;
 constexpr size_t kCounterAlign = 256;
 
 bool is_frag(const Args& a) { return a.layout == QG_W4A16_LAYOUT_FRAG; }

@@ -15,6 +15,7 @@ namespace qg {
 namespace {
 
 using namespace w4a16;
+using frag_launch::kDecodeRows;
 using launch_util::ceil_div;
 typedef qg_w4a16_gemm_args Args;
 
@@ -134,15 +135,20 @@ size_t partial_bytes(const PrefillPlan& pl) {
     return counter_bytes(pl) + static_cast<size_t>(pl.grid) * PF_THREADS * (pl.bn / 2) * sizeof(float);
 }
 
-// The ragged tail of M: past a multiple of 256 tokens, a tail of at most 128 would cost a whole
-// 256-token tile of every row tile (M = 300: 2.1x M = 256; M = 517: 1.7x M = 512, measured).
-// It runs as a second launch on the rows after the last full 256-token tile, with the tile its
-// own M picks (64 or 128), so that it costs about what a call of that M costs. Returns the tokens
-// of the first launch (all of M when there is no such tail).
+// The ragged tail of M past the last full token tile (no prefill_tile option set):
+//   - at most kDecodeRows (16) tokens run on decode_frag, which reads the same frag layout:
+//     a tail of 5 tokens cost about an M = 32 prefill call (88 / 54 / 37 us on 43008 x 5376 /
+//     5376 x 21504 / 4096 x 14336) where decode_frag takes 54 / 31 / 22 us (bench/NOTES.md,
+//     "Ragged tails on decode_frag");
+//   - else, past a multiple of 256 tokens, a tail of at most 128 would cost a whole 256-token
+//     tile of every row tile (M = 300: 2.1x M = 256; M = 517: 1.7x M = 512, measured), so it
+//     runs as a second prefill launch with the tile its own M picks (64 or 128).
+// Returns the tokens of the first launch (all of M when there is no such tail).
 int64_t main_tokens(const qg_context* ctx, const Args& a, const PrefillPlan& pl) {
     const int64_t tail = a.m % pl.bn;
-    if (pl.bn != 256 || ctx->prefill_tile > 0 || a.m < pl.bn || tail == 0 || tail > 128) return a.m;
-    return a.m - tail;
+    if (ctx->prefill_tile > 0 || a.m < pl.bn || tail == 0) return a.m;
+    if (tail <= kDecodeRows || (pl.bn == 256 && tail <= 128)) return a.m - tail;
+    return a.m;
 }
 
 // The call on tokens [m0, m0 + rows) (rows of x and y).
@@ -154,13 +160,16 @@ Args token_slice(const Args& a, int64_t m0, int64_t rows) {
     return s;
 }
 
-// One kernel launch of a call: the call on a slice of tokens, and its plan.
+// One kernel launch of a call: the call on a slice of tokens, and its plan (a prefill launch),
+// or decode_frag on it.
 struct Launch {
     Args a;
     PrefillPlan pl;
+    bool decode = false;
 };
 
-// Every launch of a call, in order (at most 2: the full 256-token tiles, the ragged tail of M).
+// Every launch of a call, in order (at most 2: the full token tiles, the ragged tail of M on
+// decode_frag where it has at most 16 tokens and decode_frag takes its x, else on the prefill).
 int plan_launches(const qg_context* ctx, const Args& a, int code, Launch (&out)[2]) {
     const PrefillPlan pl = prefill_plan(ctx, a, code);
     const int64_t m1 = main_tokens(ctx, a, pl);
@@ -169,8 +178,14 @@ int plan_launches(const qg_context* ctx, const Args& a, int code, Launch (&out)[
         return 1;
     }
     const Args head = token_slice(a, 0, m1), tail = token_slice(a, m1, a.m - m1);
+    const char* why = nullptr;
+    const bool decode = tail.m <= kDecodeRows && frag_launch::decode_usable(ctx, tail, &why);
+    if (!decode && pl.bn != 256) {  // a ragged tile of 128 costs no more than a second 128-token launch
+        out[0] = Launch{a, pl};
+        return 1;
+    }
     out[0] = Launch{head, prefill_plan(ctx, head, code)};
-    out[1] = Launch{tail, prefill_plan(ctx, tail, code)};
+    out[1] = Launch{tail, decode ? PrefillPlan{} : prefill_plan(ctx, tail, code), decode};
     return 2;
 }
 
@@ -231,7 +246,9 @@ size_t frag_launch::prefill_workspace(const qg_context* ctx, const Args& a, int 
     Launch launches[2];
     const int count = plan_launches(ctx, a, code, launches);
     size_t most = 0;
-    for (int i = 0; i < count; ++i) most = std::max(most, partial_bytes(launches[i].pl));
+    for (int i = 0; i < count; ++i)
+        most = std::max(most, launches[i].decode ? frag_launch::decode_workspace(ctx, launches[i].a, code)
+                                                 : partial_bytes(launches[i].pl));
     return most;
 }
 
@@ -239,7 +256,9 @@ qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, q
     Launch launches[2];
     const int count = plan_launches(ctx, a, code, launches);
     for (int i = 0; i < count; ++i) {
-        const qg_status st = prefill_once(ctx, launches[i].a, launches[i].pl, code, stream);
+        const Launch& l = launches[i];
+        const qg_status st = l.decode ? frag_launch::decode(ctx, l.a, code, stream)
+                                      : prefill_once(ctx, l.a, l.pl, code, stream);
         if (st != QG_OK) return st;
     }
     return QG_OK;
