@@ -196,10 +196,13 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
 
     // chunk registers, loaded two chunks ahead of their use: a ring of 3 slots, the loop unrolled
     // by 3 so that the slots are fixed registers, not copies per chunk (the fold kernels of 128
-    // and 256 tokens: 16 % fewer instructions a chunk, no spill); elsewhere (64 tokens, where
-    // two blocks an SM cap the registers at 128, and the group-sum kernels near 255) the
-    // unrolled loop spilled, and the slots rotate by copies
-    constexpr bool UNROLL3 = FOLD && BN >= 128;
+    // and 256 tokens: 16 % fewer instructions a chunk, no spill; of 64 tokens at G >= 64, where
+    // two blocks an SM cap the registers at 128: a few bytes spilled in the prologue only). The
+    // copies cost more than instructions: the copy of the slot loaded one chunk before waits for
+    // that load, so the rotating form has one chunk of cover, not two (SASS: the moves of the
+    // loaded registers open each iteration). Elsewhere (64 tokens at G = 32, and the group-sum
+    // kernels near 255 registers) the unrolled loop spilled inside the loop, and the slots rotate.
+    constexpr bool UNROLL3 = FOLD && (BN >= 128 || G >= 64);
     Chunk<GC> cb[3];
     load_chunk<GC, ASYM>(cb[0], p, rbw, kc0, lane, rb_in);
     load_chunk<GC, ASYM>(cb[1], p, rbw, kc0 + 1, lane, rb_in && 1 < KC);
