@@ -52,7 +52,7 @@ gguf_float_bound = w4a16_bound
 
 def prefill_decode_tail(m: int, folds: bool) -> int:
     """The first token of a prefill call (auto tile) that runs on decode_frag, else m: the
-    plan (src/gpu/w4a16_prefill_launch.cpp, main_tokens) takes a token tile of 64 up to 64
+    plan (src/gpu/w4a16_prefill_launch.cpp, plan_launches) takes a token tile of 64 up to 64
     tokens, 128 up to 128 or where the scale does not fold into A, else 256, and runs a
     ragged tail of at most 16 tokens past the last full tile on decode_frag (the wide-tile
     test asserts it from the QG_LOG lines)."""
@@ -411,7 +411,8 @@ def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, poison
     label = f"w4a16 wide prefill g{group_size} {'sym' if symmetric else 'asym'} m={m} tile {tile}"
     check_w4a16(y, x, w, F32, label, assert_close, "forced")
     x1, want = one_hot_case(rng, int4.dequantize_folded(w.qweight, w.scales, w.qzeros, group_size), m - k)
-    want[512:] = w.dequantize()[:, x1[512:].argmax(axis=1)].T + np.float32(0)  # the decode_frag tail
+    m1 = prefill_decode_tail(m, True)  # the decode_frag tail's rows: the exact weight
+    want[m1:] = w.dequantize()[:, x1[m1:].argmax(axis=1)].T + np.float32(0)
     x1d = pyquant.DeviceArray.from_numpy(x1.astype(BF16), gpu_ctx)
     y1 = _force(gpu_ctx, "w4a16", name, lambda: pyquant.gemm(x1d, wd, out_dtype=np.float32).to_numpy())
     assert_bitwise_equal(y1, want, f"one-hot {label}")

@@ -135,22 +135,6 @@ size_t partial_bytes(const PrefillPlan& pl) {
     return counter_bytes(pl) + static_cast<size_t>(pl.grid) * PF_THREADS * (pl.bn / 2) * sizeof(float);
 }
 
-// The ragged tail of M past the last full token tile (no prefill_tile option set):
-//   - at most kDecodeRows (16) tokens run on decode_frag, which reads the same frag layout:
-//     a tail of 5 tokens cost about an M = 32 prefill call (88 / 54 / 37 us on 43008 x 5376 /
-//     5376 x 21504 / 4096 x 14336) where decode_frag takes 54 / 31 / 22 us (bench/NOTES.md,
-//     "Ragged tails on decode_frag");
-//   - else, past a multiple of 256 tokens, a tail of at most 128 would cost a whole 256-token
-//     tile of every row tile (M = 300: 2.1x M = 256; M = 517: 1.7x M = 512, measured), so it
-//     runs as a second prefill launch with the tile its own M picks (64 or 128).
-// Returns the tokens of the first launch (all of M when there is no such tail).
-int64_t main_tokens(const qg_context* ctx, const Args& a, const PrefillPlan& pl) {
-    const int64_t tail = a.m % pl.bn;
-    if (ctx->prefill_tile > 0 || a.m < pl.bn || tail == 0) return a.m;
-    if (tail <= kDecodeRows || (pl.bn == 256 && tail <= 128)) return a.m - tail;
-    return a.m;
-}
-
 // The call on tokens [m0, m0 + rows) (rows of x and y).
 Args token_slice(const Args& a, int64_t m0, int64_t rows) {
     Args s = a;
@@ -168,25 +152,31 @@ struct Launch {
     bool decode = false;
 };
 
-// Every launch of a call, in order (at most 2: the full token tiles, the ragged tail of M on
-// decode_frag where it has at most 16 tokens and decode_frag takes its x, else on the prefill).
+// Every launch of a call, in order: one, or (no prefill_tile option set) the full token tiles
+// and then the ragged tail of M past the last of them, where
+//   - a tail of at most kDecodeRows (16) tokens runs on decode_frag, which reads the same frag
+//     layout: a tail of 5 tokens cost about an M = 32 prefill call (88 / 54 / 37 us on
+//     43008 x 5376 / 5376 x 21504 / 4096 x 14336) where decode_frag takes 54 / 31 / 22 us
+//     (bench/NOTES.md, "Ragged tails on decode_frag");
+//   - else, past a multiple of 256 tokens, a tail of at most 128 would cost a whole 256-token
+//     tile of every row tile (M = 300: 2.1x M = 256; M = 517: 1.7x M = 512, measured), so it
+//     runs as a second prefill launch with the tile its own M picks (64 or 128). A ragged tile
+//     of 128 costs no more than a second 128-token launch would.
 int plan_launches(const qg_context* ctx, const Args& a, int code, Launch (&out)[2]) {
     const PrefillPlan pl = prefill_plan(ctx, a, code);
-    const int64_t m1 = main_tokens(ctx, a, pl);
-    if (m1 == a.m) {
-        out[0] = Launch{a, pl};
-        return 1;
+    const int64_t tail = a.m % pl.bn;
+    if (ctx->prefill_tile == 0 && a.m > pl.bn && tail != 0) {
+        const Args head = token_slice(a, 0, a.m - tail), rest = token_slice(a, a.m - tail, tail);
+        const char* why = nullptr;
+        const bool decode = tail <= kDecodeRows && frag_launch::decode_usable(ctx, rest, &why);
+        if (decode || (pl.bn == 256 && tail <= 128)) {
+            out[0] = Launch{head, prefill_plan(ctx, head, code)};
+            out[1] = Launch{rest, decode ? PrefillPlan{} : prefill_plan(ctx, rest, code), decode};
+            return 2;
+        }
     }
-    const Args head = token_slice(a, 0, m1), tail = token_slice(a, m1, a.m - m1);
-    const char* why = nullptr;
-    const bool decode = tail.m <= kDecodeRows && frag_launch::decode_usable(ctx, tail, &why);
-    if (!decode && pl.bn != 256) {  // a ragged tile of 128 costs no more than a second 128-token launch
-        out[0] = Launch{a, pl};
-        return 1;
-    }
-    out[0] = Launch{head, prefill_plan(ctx, head, code)};
-    out[1] = Launch{tail, decode ? PrefillPlan{} : prefill_plan(ctx, tail, code), decode};
-    return 2;
+    out[0] = Launch{a, pl};
+    return 1;
 }
 
 qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& pl, int code, qg_stream stream) {
