@@ -128,6 +128,20 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t m) {
     return out;
 }
 
+// a * m + c on two bf16, one rounding (fused).
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t m, uint32_t c) {
+    uint32_t out;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(m), "r"(c));
+    return out;
+}
+
+// bf16(lo) | bf16(hi) << 16, each rounded to nearest even.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    uint32_t out;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+    return out;
+}
+
 // The packed pair -(bias + z) for zero-point z (0..15): at the bias's exponent z adds one
 // unit in the last place per step, so -(bias + z) is the bias's negation plus z.
 template <int XT>

@@ -200,35 +200,42 @@ struct PrefillSmem {
     static constexpr int SMEM = 1024 + BAR_OFF + 2 * STAGES * 8;  // + 1024: alignment slack
 };
 
-// The prefill takes the scale into its A registers ("fold", hip/w4a16_prefill.hip) where x and
-// the scales are both bf16: each weight (q - z) * s (W4A16) or e2m1 * 2^(e - 127) (MXFP4, whose
-// E8M0 scales reach the kernel as bf16 bits) is one bf16 multiply, rounded to nearest even, and
-// the wgmmas sum all of K in one accumulator set. fp16 x keeps the fp32 group scale (15 s can
-// overflow fp16 where fp32 does not); fp16 scales with bf16 x too (a bf16 copy of an fp16 scale
-// would be rounded before the product, two roundings instead of one). The launcher's plan and
-// the kernel list below both ask this.
+// The prefill takes the scale into its A registers ("fold", hip/w4a16_prefill.hip) where x is
+// bf16: each weight (q - z) * s (W4A16) or e2m1 * 2^(e - 127) (MXFP4, whose E8M0 scales reach
+// the kernel as bf16 bits) is rounded once to bf16, round to nearest even, and the wgmmas sum
+// all of K in one accumulator set. bf16 scales: one bf16 multiply (FOLD_BF16). fp16 scales
+// (FOLD_F16: AWQ's, and GGUF Q4_0's d): the scale split exactly into two bf16 parts
+// s = hi + lo (an fp16 significand has 11 bits, bf16 8, so lo holds the other 3), then
+// (q - z) * lo, exact, and one fused multiply-add (q - z) * hi + that: the same single
+// rounding of the exact product, two instructions a register instead of one. fp16 x keeps the
+// fp32 group scale (FOLD_NONE: 15 s can overflow fp16 where fp32 does not). The launcher's
+// plan and the kernel list below both ask prefill_fold.
+enum PrefillFold { FOLD_NONE = 0, FOLD_BF16 = 1, FOLD_F16 = 2 };
+__host__ __device__ constexpr int prefill_fold(int x_type, int scale_type) {
+    return x_type != ELEM_BF16 ? FOLD_NONE : scale_type == ELEM_BF16 ? FOLD_BF16 : FOLD_F16;
+}
 __host__ __device__ constexpr bool prefill_folds(int x_type, int scale_type) {
-    return x_type == ELEM_BF16 && scale_type == ELEM_BF16;
+    return prefill_fold(x_type, scale_type) != FOLD_NONE;
 }
 
 #if defined(QG_HAVE_TENSOR_MAPS)
 // prefill_wgmma<XT, BN, G, ASYM, CODE, FOLD>(tmap_x, params); tmap_x: x [M, K] as a 2-D tensor
-// map, box [BN tokens, 64 k], 128-byte swizzle. scale_type picks FOLD (prefill_folds).
+// map, box [BN tokens, 64 k], 128-byte swizzle. scale_type picks FOLD (prefill_fold).
 // stream_k: the kernel of a stream-K grid (the launcher sizes it), else of a block a tile.
 const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, bool asym, int code = CODE_INT4,
                            bool stream_k = false);
 
 // Every W4A16 prefill_wgmma instantiation, (x type, tile width, G, ASYM, FOLD), listed once:
-// fp16 x, and bf16 x with fp16 scales, on the group-sum path at 64 and 128 tokens; bf16 x with
-// bf16 scales folded, at 64, 128 and 256 tokens (the fold frees the group-sum registers for the
-// larger accumulator).
+// fp16 x on the group-sum path at 64 and 128 tokens; bf16 x folded (bf16 or fp16 scales), at
+// 64, 128 and 256 tokens (the fold frees the group-sum registers for the larger accumulator).
 #define QG_W4A16_PREFILL_G(X, XT, BN, ASYM, FOLD) X(XT, BN, 32, ASYM, FOLD) X(XT, BN, 64, ASYM, FOLD) X(XT, BN, 128, ASYM, FOLD)
 #define QG_W4A16_PREFILL_ZG(X, XT, BN, FOLD) QG_W4A16_PREFILL_G(X, XT, BN, true, FOLD) QG_W4A16_PREFILL_G(X, XT, BN, false, FOLD)
 #define QG_W4A16_PREFILL_KERNELS(X)                                                                             \
-    QG_W4A16_PREFILL_ZG(X, ELEM_F16, 64, false) QG_W4A16_PREFILL_ZG(X, ELEM_F16, 128, false)                    \
-    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 64, false) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 128, false)                  \
-    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 64, true) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 128, true)                    \
-    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, true)
+    QG_W4A16_PREFILL_ZG(X, ELEM_F16, 64, FOLD_NONE) QG_W4A16_PREFILL_ZG(X, ELEM_F16, 128, FOLD_NONE)            \
+    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 64, FOLD_F16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 128, FOLD_F16)            \
+    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, FOLD_F16)                                                           \
+    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 64, FOLD_BF16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 128, FOLD_BF16)          \
+    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, FOLD_BF16)
 // MXFP4 (CODE_E2M1): G = 32, no zero-points, bf16 scales (so bf16 x folds); 256-token tiles for
 // bf16 only
 #define QG_MXFP4_PREFILL_KERNELS(X) \

@@ -17,17 +17,19 @@
 //   - the nibbles become A registers with the exponent-bias trick (q - z exact), and four
 //     wgmma m64nBNk16 accumulate the quantization group's sum in fp32 (`grp`); at the end
 //     of a group the warpgroup waits for its wgmmas and adds scale * grp into `acc`.
-// Numerics of that path (fp16 x; bf16 x with fp16 scales) are the decode tiers': exact (q - z),
-// fp32 products and sums, the scale applied to the fp32 group sum (one-hot x gives
-// float(q - z) * float(s) bit for bit).
+// Numerics of that path (fp16 x) are the decode tiers': exact (q - z), fp32 products and sums,
+// the scale applied to the fp32 group sum (one-hot x gives float(q - z) * float(s) bit for bit).
 //
-// bf16 x with bf16 scales (FOLD, prefill_folds in w4a16_kernels.h) takes the scale into the A
-// registers instead: one bf16 multiply per register pair, so that each weight the wgmmas see is
-// the weight rounded once to bf16 (round to nearest even), as Marlin and Machete do:
-//   - W4A16: bf16((q - z) * s). |q - z| <= 15 (4 bits) times an 8-bit significand is exact
-//     in fp32, so this is pyquant.formats.int4.dequantize_folded, bf16(float32 weight):
-//     at most half a bf16 ulp (2^-8 relative) from the exact weight the group-sum path uses;
-//     one-hot x gives the rounded weight bit for bit. The products with x and the sums are fp32.
+// bf16 x (FOLD, prefill_fold in w4a16_kernels.h) takes the scale into the A registers instead,
+// so that each weight the wgmmas see is the weight rounded once to bf16 (round to nearest even),
+// as Marlin and Machete do: one bf16 multiply per register pair with bf16 scales (FOLD_BF16),
+// a multiply by the exact low part and a fused multiply-add by the high part with fp16 scales
+// (FOLD_F16, fold_f16_scales: the same single rounding):
+//   - W4A16: bf16((q - z) * s). |q - z| <= 15 (4 bits) times an 8-bit (bf16) or 11-bit (fp16)
+//     significand is exact in fp32, so this is pyquant.formats.int4.dequantize_folded,
+//     bf16(float32 weight): at most half a bf16 ulp (2^-8 relative) from the exact weight the
+//     group-sum path uses; one-hot x gives the rounded weight bit for bit. The products with x
+//     and the sums are fp32.
 //   - MXFP4 (CODE_E2M1): e2m1 * 2^(e - 127) is exact in bf16 for every e (at most two
 //     significant bits; the smallest, 2^-128, is a bf16 subnormal; overflow to inf exactly
 //     where float32 overflows): nothing is rounded.
@@ -142,6 +144,38 @@ __device__ __forceinline__ void fold_scales(uint32_t (&a)[4][4], const uint32_t 
     }
 }
 
+// An fp16 scale word s[g] | s[g + 8] << 16 as two bf16 words hi, lo with hi + lo == s exactly
+// in each half (FOLD_F16, w4a16_kernels.h): hi = bf16(s), lo = bf16(s - hi), exact (s - hi
+// has at most the 3 significand bits bf16 drops). A non-finite s keeps lo = 0, so hi carries
+// inf or NaN into the product as the group-sum path would.
+__device__ __forceinline__ void split_f16_scale(uint32_t sw, uint32_t& hi, uint32_t& lo) {
+    const float f0 = bits_to_float(static_cast<uint16_t>(sw & 0xffffu), ELEM_F16);
+    const float f1 = bits_to_float(static_cast<uint16_t>(sw >> 16), ELEM_F16);
+    hi = pack_bf16x2(f0, f1);
+    const float r0 = f0 - __uint_as_float(hi << 16), r1 = f1 - __uint_as_float(hi & 0xffff0000u);
+    lo = pack_bf16x2(isfinite(f0) ? r0 : 0.f, isfinite(f1) ? r1 : 0.f);
+}
+
+// FOLD_F16: as fold_scales, each register pair times its fp16 scale rounded once to bf16:
+// (q - z) * lo is exact (4 + 3 significand bits), then one fused multiply-add with hi.
+template <int G, int GC>
+__device__ __forceinline__ void fold_f16_scales(uint32_t (&a)[4][4], const uint32_t (&s)[GC], int h) {
+    uint32_t hi[GC], lo[GC];
+#pragma unroll
+    for (int c = 0; c < GC; ++c)
+        if (c * G < 64 * (h + 1) && (c + 1) * G > 64 * h) split_f16_scale(s[c], hi[c], lo[c]);  // this half's groups
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int c = (64 * h + 16 * j) / G;
+        const uint32_t hi_g = __byte_perm(hi[c], 0, 0x1010), hi_g8 = __byte_perm(hi[c], 0, 0x3232);
+        const uint32_t lo_g = __byte_perm(lo[c], 0, 0x1010), lo_g8 = __byte_perm(lo[c], 0, 0x3232);
+        a[j][0] = fma_bf16x2(a[j][0], hi_g, mul_bf16x2(a[j][0], lo_g));
+        a[j][1] = fma_bf16x2(a[j][1], hi_g8, mul_bf16x2(a[j][1], lo_g8));
+        a[j][2] = fma_bf16x2(a[j][2], hi_g, mul_bf16x2(a[j][2], lo_g));
+        a[j][3] = fma_bf16x2(a[j][3], hi_g8, mul_bf16x2(a[j][3], lo_g8));
+    }
+}
+
 // The x ring in shared memory by address (computed once per block, so that the generic-to-shared
 // conversion stays out of the loop): STAGES tiles of B_BYTES from `tiles`, then a `full` and an
 // `empty` mbarrier per stage, 8 bytes each.
@@ -172,7 +206,7 @@ struct RingPos {
 // ks counts the steps of the block's earlier segments: the x ring's stages and mbarrier parities
 // run on across segments, and every step's x tile is released by the time this returns, so the
 // next segment's copies never wait on this one's future.
-template <int XT, int BN, int G, bool ASYM, int CODE, bool FOLD>
+template <int XT, int BN, int G, bool ASYM, int CODE, int FOLD>
 __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map& tmap_x, const PrefillParams& p,
                                             const XRing& ring, int tok0, int rbw, bool rb_in, int kc0, int KC,
                                             int& ks) {
@@ -235,7 +269,8 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
                 }
                 dequant_tile<XT>(a[h], cur.w[h], nz0, nz1);
             }
-            if constexpr (FOLD) fold_scales<G, GC>(a[h], cur.s, h);
+            if constexpr (FOLD == FOLD_BF16) fold_scales<G, GC>(a[h], cur.s, h);
+            if constexpr (FOLD == FOLD_F16) fold_f16_scales<G, GC>(a[h], cur.s, h);
             const uint32_t empty = ring.empty + 8 * use.s;
             mbar_wait_at(ring.full + 8 * use.s, use.phase);
             const uint64_t desc = wgmma_desc_k128b_at(ring.tiles + use.s * Sm::B_BYTES);  // k16 step j: + 32 j bytes
@@ -386,11 +421,11 @@ __device__ __forceinline__ void gather_partials(WgAcc<BN>& acc, const PrefillPar
 // sums, gather_partials), the blocks before it contribute (their first segments). Two kernels,
 // not one with a runtime switch: the whole-tile loop inside the stream-K one measured 9 %
 // slower on the H200 (43008 x 5376 M = 512: 400 -> 440 us).
-template <int XT, int BN, int G, bool ASYM, int CODE, bool FOLD, bool SK>
+template <int XT, int BN, int G, bool ASYM, int CODE, int FOLD, bool SK>
 __global__ void __launch_bounds__(PF_THREADS, SK && BN == 64 && FOLD ? 2 : 1)
 prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams p) {
 #if defined(QG_HAS_WGMMA)
-    static_assert(!FOLD || prefill_folds(XT, ELEM_BF16), "the fold multiplies bf16 A registers by bf16 scales");
+    static_assert(FOLD == FOLD_NONE || XT == ELEM_BF16, "the fold multiplies bf16 A registers by their scales");
     static_assert(BN < 256 || FOLD, "a 256-token tile leaves no registers for the group sums");
     typedef PrefillSmem<BN> Sm;
     constexpr int STAGES = Sm::STAGES;
@@ -473,21 +508,21 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
 }
 
 const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, bool asym, int code, bool stream_k) {
-    const bool fold = prefill_folds(x_type, scale_type);
+    const int fold = prefill_fold(x_type, scale_type);
 #define QG_CASE(XT, BN, G, ASYM, FOLD)                                                                      \
-    if (code == CODE_INT4 && x_type == XT && bn == BN && group_size == G && asym == ASYM && fold == FOLD) \
+    if (code == CODE_INT4 && x_type == XT && bn == BN && group_size == G && asym == ASYM && fold == (FOLD)) \
         return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, G, ASYM, CODE_INT4, FOLD, true>)  \
                         : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, G, ASYM, CODE_INT4, FOLD, false>);
     QG_W4A16_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
 #define QG_CASE(XT, BN)                                                                                     \
     if (code == CODE_E2M1 && x_type == XT && bn == BN && group_size == 32 && !asym &&                       \
-        fold == prefill_folds(XT, ELEM_BF16))                                                               \
+        fold == prefill_fold(XT, ELEM_BF16))                                                               \
         return stream_k                                                                                     \
                    ? reinterpret_cast<const void*>(                                                         \
-                         &prefill_wgmma<XT, BN, 32, false, CODE_E2M1, prefill_folds(XT, ELEM_BF16), true>)  \
+                         &prefill_wgmma<XT, BN, 32, false, CODE_E2M1, prefill_fold(XT, ELEM_BF16), true>)  \
                    : reinterpret_cast<const void*>(                                                         \
-                         &prefill_wgmma<XT, BN, 32, false, CODE_E2M1, prefill_folds(XT, ELEM_BF16), false>);
+                         &prefill_wgmma<XT, BN, 32, false, CODE_E2M1, prefill_fold(XT, ELEM_BF16), false>);
     QG_MXFP4_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;

@@ -451,12 +451,13 @@ def test_w4a16_gpu_prefill_stream_k(rng, gpu_ctx, waves, poisoned_output, assert
 @pytest.mark.parametrize("scale_dt", [F16, BF16], ids=["s_fp16", "s_bf16"])
 def test_w4a16_gpu_decode_and_prefill_agree(rng, gpu_ctx, scale_dt, assert_close):
     """Around the crossover both tiers compute the same function: at M = 16 and 17 the
-    decode and prefill results differ by no more than their two bounds together. With fp16
-    scales both use the exact weights (normwise, 2 w4a16_bound). With bf16 scales the
-    prefill rounds each weight to bf16 and the decode does not: AGREE_BOUND, elementwise, is
+    decode and prefill results differ by no more than their two bounds together. With bf16 x
+    (either scale dtype: int4.prefill_folds) the prefill rounds each weight to bf16 and the
+    decode does not: AGREE_BOUND, elementwise, is
     the prefill's distance from the exact product (bf16_tile.error_bound: the weight rounding
     2^-8 |x| @ |w|^T plus its fp32 sums) plus the decode's (bf16_tile.accumulation_bound: its
-    fp32 sums, exact weights)."""
+    fp32 sums, exact weights). Where neither rounds (fp16 x) both use the exact weights
+    (normwise, 2 w4a16_bound)."""
     _need_prefill(gpu_ctx)
     names = {t.split(":")[1]: t for t in tiers.tiers()["w4a16"] if ":" in t}
     n, k = 520, 1024

@@ -198,8 +198,14 @@ def test_dequantize_folded_ties_go_to_even():
     got = int4.dequantize_folded(int4.pack_k(q), s.astype(BF16), None, g)
     assert got[0, :3].tolist() == [3.03125, -3.03125, 5.03125]
     assert got[1, 0] == 3.0625
-    assert int4.prefill_folds(BF16, BF16) and not int4.prefill_folds(BF16, F16)
+    assert int4.prefill_folds(BF16, BF16) and int4.prefill_folds(BF16, F16)
     assert not int4.prefill_folds(F16, BF16) and not int4.prefill_folds(F16, F16)
+    # an fp16 scale folds with one rounding of the exact product: 1 + 2^-10 (11 significand
+    # bits) times 3 is 3 + 3 * 2^-10, whose bf16 is 3 (one rounding), not bf16(3 * bf16(s)) = 3
+    s16 = np.full((8, 1), 1 + 2.0 ** -10, np.float16)
+    q16 = np.full((8, g), 8, np.uint8)
+    q16[0, 0] = 11
+    assert int4.dequantize_folded(int4.pack_k(q16), s16, None, g)[0, 0] == 3.0
 
 
 # ------------------------------------------------------------ importers and exporters

@@ -324,11 +324,12 @@ def dequantize(qweight: np.ndarray, scales: np.ndarray, qzeros, group_size: int)
 
 
 def prefill_folds(x_dtype, scale_dtype) -> bool:
-    """True where the GPU prefill tier folds the scale into its weights: bf16 x and bf16 scales
-    (`prefill_folds` in hip/w4a16_kernels.h, which this mirrors). fp16 x, and bf16 x with fp16
-    scales, keep the exact float32 group scale of `dequantize`."""
-    bf16 = np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(x_dtype) == bf16 and np.dtype(scale_dtype) == bf16
+    """True where the GPU prefill tier folds the scale into its weights: bf16 x, with bf16 or
+    fp16 scales (`prefill_folds` in hip/w4a16_kernels.h, which this mirrors; an fp16 scale is
+    split exactly into two bf16 parts there, so both round each weight once). fp16 x keeps the
+    exact float32 group scale of `dequantize`."""
+    del scale_dtype  # either scale dtype folds
+    return np.dtype(x_dtype) == np.dtype(ml_dtypes.bfloat16)
 
 
 def dequantize_folded(qweight: np.ndarray, scales: np.ndarray, qzeros, group_size: int) -> np.ndarray:
@@ -339,7 +340,7 @@ def dequantize_folded(qweight: np.ndarray, scales: np.ndarray, qzeros, group_siz
     the float32 product of `dequantize` is exact and rounding it to bf16 is the one rounding
     of the kernel's bf16 multiply: the result is within half a bf16 ulp (2^-8 relative) of
     `dequantize`'s weight, and equal to it wherever (q - z) * s fits 8 significant bits (for
-    example |q - z| in {0, 1, 2, 4, 8}). The kernel folds only bf16 scales (prefill_folds)."""
+    example |q - z| in {0, 1, 2, 4, 8}). The kernel folds where x is bf16 (prefill_folds)."""
     with np.errstate(over="ignore"):  # a product past bf16's largest value is inf, as in the kernel
         return dequantize(qweight, scales, qzeros, group_size).astype(ml_dtypes.bfloat16).astype(np.float32)
 
