@@ -255,6 +255,8 @@ struct RepackParams {
     int group_size;
     int64_t src_row_step;     // output row n reads canonical row n * src_row_step (MXFP4 experts'
                               // interleaved gate / up rows: 2); 0 or 1: dense (W4A16: always)
+    const uint8_t* q4_0;      // GGUF Q4_0 blocks (qweight and scales unused), N rows of stride
+    int64_t ldw;              // ldw bytes: codes and fp16 d from src/formats/gguf_frag.h; else nullptr
 };
 constexpr int REPACK_THREADS = 256;
 __global__ void repack_frag_weights(const RepackParams p);   // one thread per output word

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "compat.h"
+#include "formats/gguf_frag.h"
 #include "formats/w4a16_frag.h"
 #include "w4a16_kernels.h"
 
@@ -32,15 +33,21 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const Repa
         const int64_t n = rb * frag::kRowBlock + frag::nibble_row(lane, j);
         const int64_t k = kt * frag::kKTile + frag::nibble_k(lane, s, j);
         if (n < p.n && k < p.k) {
-            const uint32_t w = p.qweight[source_row(p, n) * (p.k / 8) + k / 8];
-            word |= ((w >> (4 * (k % 8))) & 15u) << (4 * j);
+            uint32_t q;
+            if (p.q4_0 != nullptr) {  // GGUF Q4_0: the code straight from its block
+                q = gguf_frag::q4_0_code(p.q4_0 + n * p.ldw + (k / 32) * gguf_frag::kQ4_0Bytes, static_cast<int>(k % 32));
+            } else {
+                const uint32_t w = p.qweight[source_row(p, n) * (p.k / 8) + k / 8];
+                q = (w >> (4 * (k % 8))) & 15u;
+            }
+            word |= q << (4 * j);
         }
     }
     p.out_qweight[i] = p.e8m0 ? frag::e2m1_place(word) : word;  // MXFP4: its bit placement
 }
 
 // Output record (rb, kc, g, c): the scales of rows g and g+8 for group kc * GC + c (W4A16:
-// copied; MXFP4: E8M0 bytes as bf16), and their zero byte.
+// copied; MXFP4: E8M0 bytes as bf16; GGUF Q4_0: each block's d), and their zero byte.
 __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_scales(const RepackParams p) {
     const frag::Geometry geo(p.n, p.k, p.group_size);
     const int64_t i = static_cast<int64_t>(blockIdx.x) * REPACK_THREADS + threadIdx.x;
@@ -56,7 +63,10 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_scales(const Repac
         const int64_t n = rb * frag::kRowBlock + g + 8 * h;
         const bool real = n < p.n && grp < geo.groups;
         const int64_t src = source_row(p, n) * geo.groups + grp;
-        p.out_scales[2 * i + h] = !real ? 0 : p.e8m0 ? frag::e8m0_bf16(p.e8m0[src]) : p.scales[src];
+        p.out_scales[2 * i + h] = !real     ? 0
+                                  : p.q4_0  ? gguf_frag::q4_0_d(p.q4_0 + n * p.ldw + grp * gguf_frag::kQ4_0Bytes)
+                                  : p.e8m0  ? frag::e8m0_bf16(p.e8m0[src])
+                                            : p.scales[src];
         if (p.qzeros != nullptr && real) zb |= ((p.qzeros[(n / 8) * geo.groups + grp] >> (4 * (n % 8))) & 15u) << (4 * h);
     }
     if (p.out_qzeros != nullptr) p.out_qzeros[i] = static_cast<uint8_t>(zb);

@@ -61,8 +61,8 @@ extern "C" {
 #define QG_VERSION_PATCH 0
 /* Bumped whenever a packed weight layout accepted or produced by the library changes
  * (2: the W4A16 frag layout of qg_w4a16_repack; 3: the MXFP4 frag layout of qg_mxfp4_repack;
- * 4: the MoE frag layout of qg_moe_repack). */
-#define QG_FORMAT_VERSION 4
+ * 4: the MoE frag layout of qg_moe_repack; 5: the GGUF frag layout of qg_gguf_repack). */
+#define QG_FORMAT_VERSION 5
 
 /* ------------------------------------------------------------------ status */
 
@@ -163,8 +163,10 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
  *   "gguf_tier"    : 0 auto, 1 float decode (x kept in fp32; portable), 2 int8 decode (x quantized
  *                    to int8 per 32 elements as ggml's q8_1, integer mma; NVIDIA sm_80+, w and
  *                    ldw multiples of 16), 3 prefill (bf16 x only: each weight rounded to
- *                    bf16, wgmma; NVIDIA sm_90a). Auto takes 3 above 8 rows of bf16 x (16
- *                    where its grid is under one wave, q8_0 excepted), else 2 where it can.
+ *                    bf16, wgmma; NVIDIA sm_90a); on the frag layout (qg_gguf_repack)
+ *                    4 decode_frag and 5 prefill_frag, the W4A16 frag kernels. Auto takes
+ *                    3 above 8 rows of bf16 x (16 where its grid is under one wave, q8_0
+ *                    excepted), else 2 where it can; on the frag layout 5 above 16 rows, else 4.
  *                    The numeric tier options apply to GPU contexts; qg_context_set_tier
  *                    names a tier of either backend.
  *   "split_k"      : 0 auto, else the split-K factor forced on the decode tiers and on the MoE
@@ -289,7 +291,17 @@ QG_API qg_status qg_w4a16_repack(qg_context* ctx, const qg_w4a16_repack_args* ar
  * x fp32, fp16 or bf16; y x_dtype or fp32. Any N >= 1.
  * bias, when given, is added to each output's float32 sum (after any split-K reduction) before
  * its one rounding to y_dtype, on every tier.
+ * With layout = QG_GGUF_LAYOUT_FRAG, w and w_scales point at the two planes written by
+ * qg_gguf_repack for the same format, n, k (ldw is not read). The GPU tiers of that layout
+ * take F16 or BF16 x (fp32 x: keep the block layout); every tier accepts both layouts.
  */
+typedef enum qg_gguf_layout QG_ENUM_BASE {
+    QG_GGUF_LAYOUT_BLOCKS = 0, /* the .gguf blocks, N rows of stride ldw, above */
+    QG_GGUF_LAYOUT_FRAG = 1    /* qg_gguf_repack's planes (Q4_0 so far): the W4A16 frag planes of
+                                  G = 32, symmetric, fp16 scales (docs/gguf-layout.md, "The frag
+                                  layout"), read by the W4A16 frag decode and prefill kernels */
+} qg_gguf_layout;
+
 typedef struct qg_gguf_gemm_args {
     size_t size;         /* sizeof(qg_gguf_gemm_args) */
     qg_format format;    /* QG_FORMAT_Q8_0 .. QG_FORMAT_IQ3_XXS */
@@ -306,11 +318,38 @@ typedef struct qg_gguf_gemm_args {
     size_t workspace_bytes;
     const void* bias;    /* [N] in bias_dtype, or NULL (also when args->size predates it) */
     qg_dtype bias_dtype; /* F32, F16 or BF16 (ignored when bias is NULL) */
+    const void* w_scales;  /* QG_GGUF_LAYOUT_FRAG: the scales plane (w: the weights plane) */
+    qg_gguf_layout layout; /* of w (and w_scales); BLOCKS when args->size predates it */
 } qg_gguf_gemm_args;
 
 QG_API qg_status qg_gguf_gemm_workspace_size(qg_context* ctx, const qg_gguf_gemm_args* args,
                                              size_t* bytes);
 QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg_stream stream);
+
+/*
+ * One-time repack of a GGUF weight (the .gguf blocks) into `layout` (QG_GGUF_LAYOUT_FRAG), in
+ * the memory of ctx (host for a CPU context, device for a GPU one: a kernel on `stream`).
+ * Q4_0 only so far (its weight d * (q - 8) is a W4A16 weight of G = 32, symmetric, with the
+ * block's fp16 d as the scale, so the frag planes hold the same bits, reordered):
+ *   out_w:      the W4A16 frag qweight plane of the 4-bit codes q;
+ *   out_scales: the W4A16 frag scales plane of G = 32, each block's fp16 d bit for bit.
+ * N is padded to a multiple of 16 and K to a multiple of 128 with q = 0 and scale 0, which add
+ * exactly nothing. The outputs must not overlap the input.
+ */
+typedef struct qg_gguf_repack_args {
+    size_t size;            /* sizeof(qg_gguf_repack_args) */
+    qg_gguf_layout layout;  /* target: QG_GGUF_LAYOUT_FRAG */
+    qg_format format;       /* QG_FORMAT_Q4_0 */
+    int64_t n, k;           /* K % 32 == 0 */
+    const void* w;          /* N rows of blocks, row stride ldw bytes (even) */
+    int64_t ldw;
+    void* out_w;            /* w_bytes (qg_gguf_repack_size) */
+    void* out_scales;       /* scales_bytes */
+} qg_gguf_repack_args;
+
+/* Bytes of each output plane for args' layout, format, n, k (pointers are not read). */
+QG_API qg_status qg_gguf_repack_size(const qg_gguf_repack_args* args, size_t* w_bytes, size_t* scales_bytes);
+QG_API qg_status qg_gguf_repack(qg_context* ctx, const qg_gguf_repack_args* args, qg_stream stream);
 
 /* ------------------------------------------------------------------ MXFP4 dense */
 

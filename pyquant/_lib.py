@@ -26,7 +26,7 @@ from pathlib import Path
 from . import __version__ as _package_version
 
 # QG_FORMAT_VERSION this package's packers and readers expect.
-EXPECTED_FORMAT_VERSION = 4
+EXPECTED_FORMAT_VERSION = 5
 
 if sys.platform == "win32":
     _LIB_NAME = "quantgemm.dll"
@@ -186,8 +186,8 @@ QG_VERSION_MAJOR = 0
 QG_VERSION_MINOR = 1
 # #define QG_VERSION_PATCH 0
 QG_VERSION_PATCH = 0
-# #define QG_FORMAT_VERSION 4
-QG_FORMAT_VERSION = 4
+# #define QG_FORMAT_VERSION 5
+QG_FORMAT_VERSION = 5
 
 # ---------------------------------------------------------------- status
 
@@ -448,10 +448,20 @@ qg_w4a16_repack = _fn("qg_w4a16_repack",
 
 # ---------------------------------------------------------------- GGUF
 
+# typedef enum qg_gguf_layout { QG_GGUF_LAYOUT_BLOCKS = 0, QG_GGUF_LAYOUT_FRAG = 1 } qg_gguf_layout;
+class GGUFLayout(enum.IntEnum):
+    QG_GGUF_LAYOUT_BLOCKS = 0
+    QG_GGUF_LAYOUT_FRAG = 1
+
+
+qg_gguf_layout = ctypes.c_int
+
+
 # typedef struct qg_gguf_gemm_args {
 #     size_t size; qg_format format; int64_t m, n, k; qg_dtype x_dtype; qg_dtype y_dtype;
 #     const void* x; int64_t ldx; const void* w; int64_t ldw; void* y; int64_t ldy;
 #     void* workspace; size_t workspace_bytes; const void* bias; qg_dtype bias_dtype;
+#     const void* w_scales; qg_gguf_layout layout;
 # } qg_gguf_gemm_args;
 class qg_gguf_gemm_args(_Args):
     _fields_ = [
@@ -472,6 +482,8 @@ class qg_gguf_gemm_args(_Args):
         ("workspace_bytes", ctypes.c_size_t),
         ("bias", ctypes.c_void_p),
         ("bias_dtype", qg_dtype),
+        ("w_scales", ctypes.c_void_p),
+        ("layout", qg_gguf_layout),
     ]
 
 
@@ -483,6 +495,34 @@ qg_gguf_gemm_workspace_size = _fn(
 # QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg_stream stream);
 qg_gguf_gemm = _fn("qg_gguf_gemm",
                    [qg_context_p, ctypes.POINTER(qg_gguf_gemm_args), qg_stream], qg_status)
+
+
+# typedef struct qg_gguf_repack_args {
+#     size_t size; qg_gguf_layout layout; qg_format format; int64_t n, k; const void* w;
+#     int64_t ldw; void* out_w; void* out_scales;
+# } qg_gguf_repack_args;
+class qg_gguf_repack_args(_Args):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("layout", qg_gguf_layout),
+        ("format", qg_format),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("w", ctypes.c_void_p),
+        ("ldw", ctypes.c_int64),
+        ("out_w", ctypes.c_void_p),
+        ("out_scales", ctypes.c_void_p),
+    ]
+
+
+# QG_API qg_status qg_gguf_repack_size(const qg_gguf_repack_args* args, size_t* w_bytes, size_t* scales_bytes);
+qg_gguf_repack_size = _fn(
+    "qg_gguf_repack_size",
+    [ctypes.POINTER(qg_gguf_repack_args), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
+    qg_status)
+# QG_API qg_status qg_gguf_repack(qg_context* ctx, const qg_gguf_repack_args* args, qg_stream stream);
+qg_gguf_repack = _fn("qg_gguf_repack",
+                     [qg_context_p, ctypes.POINTER(qg_gguf_repack_args), qg_stream], qg_status)
 
 
 # ---------------------------------------------------------------- MXFP4 dense

@@ -486,7 +486,9 @@ class _GemmCall:
             args = _lib.qg_gguf_gemm_args(
                 format=w.spec.qg_format, m=m, n=n, k=k, x_dtype=x_dt, y_dtype=y_dt,
                 x=_ptr(xv), ldx=ldx, w=_ptr(ops["w.raw"]), ldw=w.ldw, y=_ptr(yv), ldy=ldy,
-                bias=_ptr(bias), bias_dtype=bias_dt)
+                bias=_ptr(bias), bias_dtype=bias_dt, w_scales=_ptr(ops.get("w.scales")),
+                layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG if w.layout == "frag"
+                else _lib.GGUFLayout.QG_GGUF_LAYOUT_BLOCKS)
             query, launch = _lib.qg_gguf_gemm_workspace_size, _lib.qg_gguf_gemm
         else:
             args = _lib.qg_mxfp4_gemm_args(

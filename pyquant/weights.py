@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _lib
 from . import formats as _formats
-from .formats import int4 as _int4, int4_frag as _frag, mxfp4 as _mxfp4, mxfp4_frag as _mxfrag
+from .formats import gguf_frag as _ggfrag, int4 as _int4, int4_frag as _frag, mxfp4 as _mxfp4, mxfp4_frag as _mxfrag
 from .device import (BFLOAT16, Context, DeviceArray, DeviceView, _err, cpu_context, default_context,
                      dtype_name, gpu_context, stream_handle)
 from ._lib import DType, QuantGemmError
@@ -504,15 +504,25 @@ class Int4Weight(_TwoLayouts):
                                                   group_size=group_size, g_idx=g_idx), group_size, bias)
 
 
-class GGUFWeight(_Weight):
-    """GGUF block-quantized weight: raw [N, row_bytes] uint8, each row K / block_elems
-    blocks exactly as a .gguf file stores them. A numpy `raw` whose rows are padded
-    (row stride > row bytes) is passed with that stride as ldw. Optional bias [N] (float32,
-    float16 or bfloat16; the file's <name>.bias beside <name>.weight), added by pyquant.gemm."""
+class GGUFWeight(_TwoLayouts):
+    """GGUF block-quantized weight, in one of two layouts.
 
-    _component_names = ("raw", "bias")
+    layout="canonical": raw [N, row_bytes] uint8, each row K / block_elems blocks exactly as
+    a .gguf file stores them. A numpy `raw` whose rows are padded (row stride > row bytes) is
+    passed with that stride as ldw.
 
-    def __init__(self, format: str, raw, shape=None, bias=None):
+    layout="frag" (q4_0 so far; made by .repack() or .to_device() on a GPU context;
+    pyquant.formats.gguf_frag, docs/gguf-layout.md): raw is the int32 weights plane and
+    scales the float16 scales plane that qg_gguf_repack writes, the W4A16 frag planes of
+    G = 32 that the GPU decode and prefill kernels read (fp16 or bf16 x there; fp32 x takes
+    the block layout). Requires shape=(N, K).
+
+    Optional bias [N] (float32, float16 or bfloat16; the file's <name>.bias beside
+    <name>.weight), added by pyquant.gemm, in either layout."""
+
+    _component_names = ("raw", "scales", "bias")
+
+    def __init__(self, format: str, raw, shape=None, bias=None, layout: str = "canonical", scales=None):
         spec = _format_spec(format)
         if spec.kind != "gguf":
             raise _err(f"format {spec.name!r} is not a GGUF block format "
@@ -520,6 +530,15 @@ class GGUFWeight(_Weight):
                        "use pyquant.from_gguf for GGUF mxfp4 blocks")
         self.format = spec.name
         self.spec = spec
+        _check_layout(layout)
+        self.layout = layout
+        if layout == "frag":
+            self._init_frag(raw, scales, shape)
+            self.bias = _checked_bias(bias, self.shape[:1])
+            self._check_location()
+            return
+        if scales is not None:
+            raise _err("scales= is the frag layout's scales plane; canonical GGUF blocks hold their scales")
         raw = _component(raw, "raw")
         if np.dtype(raw.dtype) not in (np.dtype(np.uint8), np.dtype(np.int8)):
             raise _err(f"raw has dtype {dtype_name(raw.dtype)}; expected uint8 GGUF block bytes")
@@ -551,34 +570,98 @@ class GGUFWeight(_Weight):
         if isinstance(raw, np.ndarray) and raw.strides[1] != 1:
             raw = np.ascontiguousarray(raw)
         self.raw = raw
+        self.scales = None
         self.bias = _checked_bias(bias, (n,))
         self._check_location()
 
+    def _init_frag(self, raw, scales, shape):
+        why = self._frag_refusal()
+        if why is not None:
+            raise _err(why)
+        if shape is None or len(shape) != 2:
+            raise _err("a frag-layout GGUFWeight needs shape=(N, K)")
+        n, k = (int(v) for v in shape)
+        if n <= 0 or k <= 0 or k % self.spec.block_elems:
+            raise _err(f"shape={(n, k)}: N and K must be positive and K a multiple of the "
+                       f"{self.spec.block_elems}-element {self.spec.name} block")
+        self.shape = (n, k)
+        arrays = _frag_planes({"raw": (raw, _PACKED_INT_DTYPES, False),
+                               "scales": (scales, (np.dtype(np.float16),), False)},
+                              {"raw": _ggfrag.plane_shapes(self.format, n, k)["w"],
+                               "scales": _ggfrag.plane_shapes(self.format, n, k)["scales"]},
+                              f"{self.spec.name} ({n}, {k})")
+        self.raw, self.scales = arrays["raw"], arrays["scales"]
+
     @property
     def ldw(self) -> int:
-        """Row stride of raw in bytes."""
+        """Row stride of raw in bytes (0 for the frag layout, whose planes have no rows)."""
+        if self.layout == "frag":
+            return 0
         return int(self.raw.strides[0]) if self.shape[0] > 1 else int(self.raw.shape[1])
 
     @property
     def nbytes(self) -> int:
-        """The rows' block bytes (row padding excluded) + the bias."""
+        """The rows' block bytes (row padding excluded) + the bias; the planes + the bias for
+        the frag layout."""
+        if self.layout == "frag":
+            return super().nbytes
         bias = 0 if self.bias is None else int(self.bias.nbytes)
         return int(self.raw.shape[0]) * int(self.raw.shape[1]) + bias
 
     def _replace(self, **arrays):
-        return GGUFWeight(self.format, arrays["raw"], self.shape, bias=arrays.get("bias"))
+        return GGUFWeight(self.format, arrays["raw"], self.shape, bias=arrays.get("bias"), layout=self.layout,
+                          scales=arrays.get("scales"))
 
-    def to_device(self, ctx: Context | None = None, row_align: int | None = 16):
-        """The same weight in `ctx` (default_context()), each row starting `row_align`
-        bytes after the previous one (blocks unchanged; the zero padding is never read),
-        so that the GPU decode tier copies rows with 16-byte loads: raw Q6_K and IQ3_XXS
-        rows are otherwise only 2-byte aligned (docs/gguf-layout.md). The cost is one
-        host-side copy and at most row_align - 1 bytes per row. row_align=None keeps the
-        rows as they are."""
+    def _frag_refusal(self) -> str | None:
+        if self.format in _ggfrag.FORMATS:
+            return None
+        return (f"format {self.format!r} has no frag layout yet "
+                f"({', '.join(_ggfrag.FORMATS)} only); it runs on the block layout's tiers")
+
+    def canonical_raw(self) -> np.ndarray:
+        """The .gguf blocks uint8 [N, row_bytes] as a numpy array (a frag weight is unpacked
+        with the numpy reference)."""
+        raw = self._host("raw")
+        if self.layout == "frag":
+            return _ggfrag.unpack(self.format, raw, self._host("scales"), *self.shape)
+        return np.ascontiguousarray(raw)
+
+    def _canonical_weight(self) -> "GGUFWeight":
+        return GGUFWeight(self.format, self.canonical_raw(), self.shape, bias=self._host("bias"))
+
+    def _repack_frag(self, ctx: Context, in_ctx: bool, stream) -> "GGUFWeight":
+        n, k = self.shape
+        args = _lib.qg_gguf_repack_args(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG, format=self.spec.qg_format,
+                                        n=n, k=k, ldw=self.ldw)
+        nw, ns = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        _lib.qg_gguf_repack_size(ctypes.byref(args), ctypes.byref(nw), ctypes.byref(ns))
+        planes = _ggfrag.plane_shapes(self.format, n, k)
+        out_w = _out_plane(planes["w"], np.int32, nw.value, ctx, in_ctx)
+        out_s = _out_plane(planes["scales"], np.float16, ns.value, ctx, in_ctx)
+        args.w = _address(self.raw)
+        args.out_w, args.out_scales = _address(out_w), _address(out_s)
+        _lib.qg_gguf_repack(ctx.handle, ctypes.byref(args), stream_handle(stream))
+        return GGUFWeight(self.format, out_w, self.shape, bias=self.bias, layout="frag", scales=out_s)
+
+    def to_device(self, ctx: Context | None = None, layout: str = "auto", stream=None,
+                  row_align: int | None = 16):
+        """The same weight in `ctx` (default_context()). layout="auto" gives a GPU context the
+        frag layout where the format has one (q4_0: repacked there, on `stream`: what the GPU
+        decode and prefill kernels read) and keeps the layout otherwise; "canonical" or "frag"
+        asks for one. A canonical weight's rows start `row_align` bytes after the previous one
+        (blocks unchanged; the zero padding is never read), so that the GPU decode tier copies
+        rows with 16-byte loads: raw Q6_K and IQ3_XXS rows are otherwise only 2-byte aligned
+        (docs/gguf-layout.md). The cost is one host-side copy and at most row_align - 1 bytes
+        per row. row_align=None keeps the rows as they are."""
         ctx = ctx if ctx is not None else default_context()
+        if layout == "auto":
+            layout = "frag" if ctx.is_gpu and self._frag_refusal() is None else self.layout
+        if layout == "frag" or self.layout == "frag":
+            return super().to_device(ctx, layout, stream)
+        _check_layout(layout)
         n, row_bytes = int(self.raw.shape[0]), int(self.raw.shape[1])
         if row_align is None or self.ldw % row_align == 0:
-            return super().to_device(ctx)
+            return _Weight.to_device(self, ctx)
         ldw = -(-row_bytes // row_align) * row_align
         padded = np.zeros((n, ldw), np.uint8)
         padded[:, :row_bytes] = self._host("raw")
@@ -587,8 +670,7 @@ class GGUFWeight(_Weight):
 
     def dequantize(self) -> np.ndarray:
         """float32 [N, K] through the numpy reference (bit-exact with gguf.quants)."""
-        raw = np.ascontiguousarray(self._host("raw"))
-        return self.spec.module.dequantize(raw)
+        return self.spec.module.dequantize(self.canonical_raw())
 
 
 class MXFP4Weight(_TwoLayouts):

@@ -195,8 +195,9 @@ struct ArgsInfo;
 // qg_w4a16_gemm_args: 128 bytes, then `layout` (format 2): 136, then `bias`, `bias_dtype`.
 QG_ARGS_INFO(qg_w4a16_gemm_args, 128, 136, )
 QG_ARGS_INFO(qg_w4a16_repack_args, )
-// qg_gguf_gemm_args: 112 bytes, then `bias`, `bias_dtype`.
-QG_ARGS_INFO(qg_gguf_gemm_args, 112, )
+// qg_gguf_gemm_args: 112 bytes, then `bias`, `bias_dtype`: 128, then `w_scales`, `layout` (format 5).
+QG_ARGS_INFO(qg_gguf_gemm_args, 112, 128, )
+QG_ARGS_INFO(qg_gguf_repack_args, )
 // qg_mxfp4_gemm_args: 120 bytes, then `layout` (format 3).
 QG_ARGS_INFO(qg_mxfp4_gemm_args, 120, )
 QG_ARGS_INFO(qg_mxfp4_repack_args, )
@@ -213,8 +214,9 @@ static_assert(sizeof(void*) != 8 || (offsetof(qg_moe_stage1_args, layout) == 152
 static_assert(sizeof(void*) != 8 || (offsetof(qg_w4a16_gemm_args, layout) == 128 &&
                                      offsetof(qg_w4a16_gemm_args, bias) == 136),
               "qg_w4a16_gemm_args: its first version ends at byte 128, the second at 136");
-static_assert(sizeof(void*) != 8 || offsetof(qg_gguf_gemm_args, bias) == 112,
-              "qg_gguf_gemm_args: its first version ends at byte 112");
+static_assert(sizeof(void*) != 8 || (offsetof(qg_gguf_gemm_args, bias) == 112 &&
+                                     offsetof(qg_gguf_gemm_args, w_scales) == 128),
+              "qg_gguf_gemm_args: its first version ends at byte 112, the second at 128");
 static_assert(sizeof(void*) != 8 || offsetof(qg_mxfp4_gemm_args, layout) == 120,
               "qg_mxfp4_gemm_args: its first version ends at byte 120");
 
@@ -350,21 +352,33 @@ qg_status check_w4a16_repack(const qg_w4a16_repack_args& a, bool pointers) {
     return QG_OK;
 }
 
+// The frag layout of a GGUF format (qg_gguf_repack): Q4_0 only so far.
+qg_status check_gguf_frag_format(const GgufFormat* f) {
+    QG_CHECK(f->format == QG_FORMAT_Q4_0, "format=%s has no frag layout yet (QG_GGUF_LAYOUT_FRAG: q4_0 only)", f->name);
+    return QG_OK;
+}
+
 qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
     EnumText t;
     const GgufFormat* f = gguf_format(a.format);
     QG_CHECK(format_name(a.format) != nullptr, "format=%s is not a qg_format value", t(nullptr, a.format));
     QG_CHECK(f != nullptr, "format=%s is not a GGUF block format (%s)", format_name(a.format), qg::kGgufFormatNames);
+    QG_CHECK(a.layout == QG_GGUF_LAYOUT_BLOCKS || a.layout == QG_GGUF_LAYOUT_FRAG,
+             "layout=%s is not a qg_gguf_layout value (0 blocks, 1 frag)", t(nullptr, a.layout));
+    const bool frag = a.layout == QG_GGUF_LAYOUT_FRAG;
+    if (frag) QG_TRY(check_gguf_frag_format(f));
     QG_TRY(check_positive("n", a.n));
     QG_TRY(check_positive("k", a.k));
     QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name,
              f->elems);
     QG_CHECK(a.k / f->elems <= INT64_MAX / f->bytes, "k=%lld is too large: a row's bytes overflow int64", (ll)a.k);
     const int64_t row_bytes = a.k / f->elems * f->bytes;
-    QG_CHECK(a.ldw >= row_bytes, "ldw=%lld < %lld bytes per row (k=%lld is %lld %s blocks of %d bytes)", (ll)a.ldw,
-             (ll)row_bytes, (ll)a.k, (ll)(a.k / f->elems), f->name, f->bytes);
-    QG_CHECK(a.ldw % 2 == 0, "ldw=%lld is odd: GGUF rows must start 2-byte aligned (fp16 scales)", (ll)a.ldw);
+    if (!frag) {  // the frag planes have no row stride
+        QG_CHECK(a.ldw >= row_bytes, "ldw=%lld < %lld bytes per row (k=%lld is %lld %s blocks of %d bytes)", (ll)a.ldw,
+                 (ll)row_bytes, (ll)a.k, (ll)(a.k / f->elems), f->name, f->bytes);
+        QG_CHECK(a.ldw % 2 == 0, "ldw=%lld is odd: GGUF rows must start 2-byte aligned (fp16 scales)", (ll)a.ldw);
+    }
     QG_TRY(check_dtype("x_dtype", a.x_dtype, kF32 | kF16 | kBF16, "GGUF GEMM (fp32, fp16 or bf16)"));
     QG_TRY(check_y_dtype("y_dtype", a.y_dtype, "x_dtype", a.x_dtype));
     QG_TRY(check_bias(a.bias, a.bias_dtype, "GGUF bias", false));
@@ -372,13 +386,52 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     QG_TRY(check_ld("ldy", a.ldy, "n", a.n));
     QG_TRY(check_extent("ldx", a.ldx, "x", a.m, (int64_t)dtype_size(a.x_dtype)));
     QG_TRY(check_extent("ldy", a.ldy, "y", a.m, (int64_t)dtype_size(a.y_dtype)));
-    QG_TRY(check_extent("ldw", a.ldw, "w", a.n, 1));
+    if (frag)  // the planes hold N and K padded to 16 and 128
+        QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "w (the frag plane: k/2 bytes per padded row)",
+                            a.n + qg::frag::kRowBlock, 1));
+    else
+        QG_TRY(check_extent("ldw", a.ldw, "w", a.n, 1));
     if (pointers) {
         QG_TRY(check_ptr(a.x, "x", dtype_size(a.x_dtype), dtype_name(a.x_dtype)));
-        QG_TRY(check_ptr(a.w, "w", 2, "GGUF blocks hold fp16 scales"));
+        if (frag) {
+            QG_TRY(check_ptr(a.w, "w", 16, "frag layout: 16-byte fragment loads"));
+            QG_TRY(check_ptr(a.w_scales, "w_scales", 16, "frag layout: 16-byte scale records"));
+        } else {
+            QG_TRY(check_ptr(a.w, "w", 2, "GGUF blocks hold fp16 scales"));
+        }
         QG_TRY(check_bias(a.bias, a.bias_dtype, "GGUF bias", true));
         QG_TRY(check_ptr(a.y, "y", dtype_size(a.y_dtype), dtype_name(a.y_dtype)));
     }
+    return QG_OK;
+}
+
+qg_status check_gguf_repack(const qg_gguf_repack_args& a, bool pointers) {
+    EnumText t;
+    QG_CHECK(a.layout == QG_GGUF_LAYOUT_FRAG, "layout=%s: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG (1) only",
+             t(a.layout == QG_GGUF_LAYOUT_BLOCKS ? "QG_GGUF_LAYOUT_BLOCKS" : nullptr, a.layout));
+    const GgufFormat* f = gguf_format(a.format);
+    QG_CHECK(format_name(a.format) != nullptr, "format=%s is not a qg_format value", t(nullptr, a.format));
+    QG_CHECK(f != nullptr, "format=%s is not a GGUF block format (%s)", format_name(a.format), qg::kGgufFormatNames);
+    QG_TRY(check_gguf_frag_format(f));
+    QG_TRY(check_positive("n", a.n));
+    QG_TRY(check_positive("k", a.k));
+    QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name, f->elems);
+    QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "out_w (k/2 bytes per padded row)", a.n + qg::frag::kRowBlock, 1));
+    if (!pointers) return QG_OK;
+    const int64_t row_bytes = a.k / f->elems * f->bytes;
+    QG_CHECK(a.ldw >= row_bytes, "ldw=%lld < %lld bytes per row (k=%lld is %lld %s blocks of %d bytes)", (ll)a.ldw,
+             (ll)row_bytes, (ll)a.k, (ll)(a.k / f->elems), f->name, f->bytes);
+    QG_CHECK(a.ldw % 2 == 0, "ldw=%lld is odd: GGUF rows must start 2-byte aligned (fp16 scales)", (ll)a.ldw);
+    QG_TRY(check_extent("ldw", a.ldw, "w", a.n, 1));
+    QG_TRY(check_ptr(a.w, "w", 2, "GGUF blocks hold fp16 scales"));
+    QG_TRY(check_ptr(a.out_w, "out_w", 16, "frag layout: 16-byte fragment loads"));
+    QG_TRY(check_ptr(a.out_scales, "out_scales", 16, "frag layout: 16-byte scale records"));
+    const qg::frag::Geometry geo(a.n, a.k, 32);
+    const size_t in_w = (size_t)(a.n - 1) * (size_t)a.ldw + (size_t)row_bytes;
+    const size_t out_w = (size_t)geo.qweight_bytes(), out_s = (size_t)geo.scales_bytes();
+    QG_CHECK(disjoint(a.out_w, out_w, a.w, in_w), "out_w overlaps w (the repack reads the blocks while it writes)");
+    QG_CHECK(disjoint(a.out_scales, out_s, a.w, in_w), "out_scales overlaps w (the repack reads the blocks while it writes)");
+    QG_CHECK(disjoint(a.out_scales, out_s, a.out_w, out_w), "out_scales overlaps out_w");
     return QG_OK;
 }
 
@@ -596,7 +649,7 @@ void strip_pointers(qg_w4a16_gemm_args* a) {
 }
 void strip_pointers(qg_gguf_gemm_args* a) {
     if (a->bias != nullptr) a->bias = reinterpret_cast<const void*>(256);  // as for W4A16
-    a->x = a->w = nullptr;
+    a->x = a->w = a->w_scales = nullptr;
     a->y = a->workspace = nullptr;
     a->ldx = round16(a->ldx);
     a->ldw = round16(a->ldw);
@@ -804,7 +857,8 @@ QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_
     static const Option options[] = {
         {"cpu_threads", &qg_context::cpu_threads, 0, 4096, "0 (all hardware threads) .. 4096"},
         {"w4a16_tier", &qg_context::w4a16_tier, 0, 3, "0 auto, 1 portable SIMT, 2 decode, 3 prefill"},
-        {"gguf_tier", &qg_context::gguf_tier, 0, 3, "0 auto, 1 float decode, 2 int8 mma decode, 3 prefill"},
+        {"gguf_tier", &qg_context::gguf_tier, 0, 5,
+         "0 auto, 1 float decode, 2 int8 mma decode, 3 prefill, 4 frag decode, 5 frag prefill"},
         {"split_k", &qg_context::split_k, 0, 256, "0 (auto) .. 256"},
         {"prefill_tile", &qg_context::prefill_tile, 0, 256, "0 (auto), 64, 128 or 256"},
         {"cpu_precision", &qg_context::cpu_precision, 0, 2, "0 auto, 1 fp32-exact, 2 int8"},
@@ -1075,8 +1129,9 @@ struct Entry<qg_gguf_gemm_args> {
     static constexpr const char* rows_name = "m";
     static qg_status check(const qg_gguf_gemm_args& a, bool pointers) { return check_gguf(a, pointers); }
     static void log(const qg_gguf_gemm_args& a, const char* tier, const char* reason) {
-        qg::log_once("gguf tier=%s (%s) format=%s m=%lld n=%lld k=%lld x=%s", tier, reason, format_name(a.format),
-                     (ll)a.m, (ll)a.n, (ll)a.k, dtype_name(a.x_dtype));
+        qg::log_once("gguf tier=%s (%s) format=%s m=%lld n=%lld k=%lld x=%s layout=%s", tier, reason,
+                     format_name(a.format), (ll)a.m, (ll)a.n, (ll)a.k, dtype_name(a.x_dtype),
+                     a.layout == QG_GGUF_LAYOUT_FRAG ? "frag" : "blocks");
     }
 };
 
@@ -1241,6 +1296,21 @@ struct Repack<qg_mxfp4_repack_args> {
 };
 
 template <>
+struct Repack<qg_gguf_repack_args> {
+    static qg_status check(const qg_context*, const qg_gguf_repack_args& a) { return check_gguf_repack(a, true); }
+    static void log(const qg_gguf_repack_args& a, const char* where) {
+        qg::log_once("gguf repack to frag on %s: format=%s n=%lld k=%lld", where, format_name(a.format), (ll)a.n,
+                     (ll)a.k);
+    }
+    static void host(const qg_gguf_repack_args& a) { qg::gguf_repack_frag_host(a); }
+#if defined(QG_HAVE_GPU)
+    static qg_status gpu(const qg_context* c, const qg_gguf_repack_args& a, qg_stream s) {
+        return qg::gpu_gguf_repack(c, a, s);
+    }
+#endif
+};
+
+template <>
 struct Repack<qg_moe_repack_args> {
     static qg_status check(const qg_context* c, const qg_moe_repack_args& a) { return check_moe_repack(a, true, is_gpu(c)); }
     static void log(const qg_moe_repack_args& a, const char* where) {
@@ -1319,6 +1389,23 @@ QG_API qg_status qg_gguf_gemm_workspace_size(qg_context* ctx, const qg_gguf_gemm
 
 QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg_stream stream) {
     return run_entry("qg_gguf_gemm", ctx, args, stream);
+}
+
+QG_API qg_status qg_gguf_repack_size(const qg_gguf_repack_args* args, size_t* w_bytes, size_t* scales_bytes) {
+    return guarded("qg_gguf_repack_size", [&]() -> qg_status {
+        qg_gguf_repack_args a;
+        QG_TRY(read_args(args, &a));
+        QG_CHECK(w_bytes != nullptr && scales_bytes != nullptr, "w_bytes and scales_bytes must not be NULL");
+        QG_TRY(check_gguf_repack(a, false));
+        const qg::frag::Geometry geo(a.n, a.k, 32);
+        *w_bytes = (size_t)geo.qweight_bytes();
+        *scales_bytes = (size_t)geo.scales_bytes();
+        return QG_OK;
+    });
+}
+
+QG_API qg_status qg_gguf_repack(qg_context* ctx, const qg_gguf_repack_args* args, qg_stream stream) {
+    return run_repack("qg_gguf_repack", ctx, args, stream);
 }
 
 // ------------------------------------------------------------------ MXFP4 dense

@@ -6,6 +6,11 @@
 //   <gpu>:int8_mma   2       NVIDIA sm_80+: x quantized to int8 per 32, mma.sync (hip/gguf_mma.hip)
 //   <gpu>:prefill_wgmma 3    NVIDIA sm_90a, bf16 x: weights dequantized to bf16 tiles, wgmma
 //                            (hip/gguf_prefill.hip)
+//   <gpu>:decode_frag   4    the frag layout (qg_gguf_repack, Q4_0): the W4A16 frag decode
+//   <gpu>:prefill_frag  5    the frag layout: the W4A16 frag prefill, wgmma (sm_90a)
+//                            (src/gpu/gguf_frag_launch.cpp)
+// The block-layout GPU tiers refuse a frag weight and the frag ones a block weight; the CPU
+// tier serves both.
 #include "tier_table.h"
 
 namespace qg {
@@ -15,7 +20,9 @@ bool cpu_usable(const qg_context* ctx, const qg_gguf_gemm_args&, const char** wh
     return cpu_context_only(ctx, why);
 }
 
-qg_status cpu_launch(const qg_context* ctx, const qg_gguf_gemm_args& a, qg_stream) { return cpu_gguf_gemm(ctx, &a); }
+qg_status cpu_launch(const qg_context* ctx, const qg_gguf_gemm_args& a, qg_stream) {
+    return a.layout == QG_GGUF_LAYOUT_FRAG ? cpu_gguf_gemm_frag(ctx, &a) : cpu_gguf_gemm(ctx, &a);
+}
 
 const Tier<qg_gguf_gemm_args> kCpuTier = {"cpu", 0, cpu_usable, nullptr, cpu_launch};
 
@@ -25,6 +32,8 @@ const Tier<qg_gguf_gemm_args>* const kTiers[] = {
     &gpu_gguf_float_tier,
     &gpu_gguf_int8_tier,
     &gpu_gguf_prefill_tier,
+    &gpu_gguf_decode_frag_tier,
+    &gpu_gguf_prefill_frag_tier,
 #endif
 };
 
@@ -41,6 +50,8 @@ const Tier<qg_gguf_gemm_args>* choose(const qg_context* ctx, const qg_gguf_gemm_
         return &kCpuTier;
     }
 #if defined(QG_HAVE_GPU)
+    if (a.layout == QG_GGUF_LAYOUT_FRAG)  // the W4A16 frag kernels, the frag policy (src/tier_table.h)
+        return choose_frag(ctx, a, gpu_gguf_prefill_frag_tier, gpu_gguf_decode_frag_tier, reason);
     // Above 8 rows the decode tiers launch once per 8 rows of x and read every weight each
     // time; one prefill launch reads it once per 128 or 256 tokens on wgmma. Where the
     // prefill grid is under one wave (narrow N, few tokens: 5376 x 21504 has 42 row tiles)

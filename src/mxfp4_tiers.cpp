@@ -54,8 +54,7 @@ const Tier<qg_mxfp4_gemm_args>* const kGemmTiers[] = {
 #endif
 };
 
-// Dense GEMM: the W4A16 frag policy (src/w4a16_tiers.cpp), the same kernels: above 16 rows
-// the prefill tier; else decode per 16 rows.
+// Dense GEMM: the frag policy (choose_frag, src/tier_table.h), the same kernels as W4A16.
 const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp4_gemm_args& a,
                                              const char** reason) {
     if (!on_gpu(ctx)) {
@@ -63,15 +62,8 @@ const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp
         return &kGemmCpu;
     }
 #if defined(QG_HAVE_GPU)
-    const bool many_rows = a.m > kFragDecodeRows;
-    if (many_rows && usable(gpu_mxfp4_prefill_tier, ctx, a)) {
-        *reason = "m > 16: prefill on wgmma";
-        return &gpu_mxfp4_prefill_tier;
-    }
-    if (usable(gpu_mxfp4_decode_frag_tier, ctx, a)) {
-        *reason = !many_rows ? "m <= 16: memory-bound decode" : "no wgmma here: decode per 16 rows";
-        return &gpu_mxfp4_decode_frag_tier;
-    }
+    if (const Tier<qg_mxfp4_gemm_args>* t = choose_frag(ctx, a, gpu_mxfp4_prefill_tier, gpu_mxfp4_decode_frag_tier, reason))
+        return t;
 #endif
     *reason = "";
     return nullptr;  // select_tier names every tier's reason

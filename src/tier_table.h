@@ -65,6 +65,8 @@ extern const Tier<qg_w4a16_gemm_args> gpu_w4a16_prefill_tier;     // wgmma (sm_9
 extern const Tier<qg_gguf_gemm_args> gpu_gguf_float_tier;         // fp32 x, portable
 extern const Tier<qg_gguf_gemm_args> gpu_gguf_int8_tier;          // int8 x, mma.sync
 extern const Tier<qg_gguf_gemm_args> gpu_gguf_prefill_tier;       // bf16 tiles, wgmma (sm_90a)
+extern const Tier<qg_gguf_gemm_args> gpu_gguf_decode_frag_tier;   // frag layout: W4A16 decode_frag
+extern const Tier<qg_gguf_gemm_args> gpu_gguf_prefill_frag_tier;  // frag layout: W4A16 prefill (sm_90a)
 extern const Tier<qg_mxfp4_gemm_args> gpu_mxfp4_decode_frag_tier; // mma.sync, frag layout
 extern const Tier<qg_mxfp4_gemm_args> gpu_mxfp4_prefill_tier;      // wgmma (sm_90a), frag layout
 extern const Tier<qg_moe_align_args> gpu_moe_align_tier;          // one block, sm_80+
@@ -76,6 +78,23 @@ extern const Tier<qg_moe_stage2_args> gpu_moe_stage2_wgmma_tier;  // grouped wgm
 // mma.sync); above it a decode tier loops over 16-row launches, re-reading the weights each
 // time. The W4A16 and MXFP4 policies send larger M to the prefill tier.
 constexpr int64_t kFragDecodeRows = 16;
+
+// The frag-layout policy (W4A16, MXFP4 dense, GGUF frag): prefill reads the weights once per
+// token tile on the matrix units where decode re-reads them per 16 rows, so above 16 rows the
+// prefill tier wins wherever it runs (measured crossover: bench/NOTES.md, "W4A16 prefill");
+// else the decode tier. nullptr when neither is usable (the caller may try others).
+template <class Args>
+const Tier<Args>* choose_frag(const qg_context* ctx, const Args& a, const Tier<Args>& prefill,
+                              const Tier<Args>& decode, const char** reason) {
+    const bool many_rows = a.m > kFragDecodeRows;
+    if (many_rows && usable(prefill, ctx, a)) {
+        *reason = "m > 16 on the frag layout: prefill on wgmma";
+        return &prefill;
+    }
+    if (!usable(decode, ctx, a)) return nullptr;
+    *reason = !many_rows ? "m <= 16: memory-bound decode" : "frag layout, no wgmma here: decode per 16 rows";
+    return &decode;
+}
 #endif
 
 inline bool on_gpu(const qg_context* ctx) { return ctx->backend != QG_BACKEND_CPU; }
@@ -84,6 +103,14 @@ inline bool on_gpu(const qg_context* ctx) { return ctx->backend != QG_BACKEND_CP
 // tier contexts of this build's GPU backend; `why` names the mismatch.
 bool cpu_context_only(const qg_context* ctx, const char** why);
 bool gpu_context_only(const qg_context* ctx, const char** why);
+
+// The GGUF tiers that read the .gguf blocks refuse a frag-layout weight (qg_gguf_repack's
+// planes are the decode_frag / prefill_frag tiers').
+inline bool gguf_blocks_only(const qg_gguf_gemm_args& a, const char** why) {
+    if (a.layout == QG_GGUF_LAYOUT_BLOCKS) return true;
+    *why = "reads the .gguf blocks (a frag-layout weight runs on decode_frag / prefill_frag)";
+    return false;
+}
 
 // True when `t` is usable for `a` (the policy functions ask before they pick).
 template <class Args>

@@ -73,6 +73,11 @@ qg_status cpu_w4a16_gemm_frag(const qg_context* ctx, const qg_w4a16_gemm_args* a
 void mxfp4_repack_frag_host(const qg_mxfp4_repack_args& a);
 void mxfp4_frag_to_canonical_host(const qg_mxfp4_gemm_args& a, uint8_t* blocks, uint8_t* scales);
 qg_status cpu_mxfp4_gemm_frag(const qg_context* ctx, const qg_mxfp4_gemm_args* a);
+// GGUF layouts on the host (src/gguf_layout.cpp): the CPU repack (Q4_0 into the W4A16 frag
+// planes of G = 32, fp16 d as the scales), and the CPU tier on a frag-layout weight (unpacks
+// to the .gguf blocks, then cpu_gguf_gemm).
+void gguf_repack_frag_host(const qg_gguf_repack_args& a);
+qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a);
 // qg_moe_repack on a CPU context: every part of every expert as mxfp4_repack_frag_host
 // writes a dense weight (src/mxfp4_layout.cpp).
 void moe_repack_frag_host(const qg_moe_repack_args& a);
@@ -105,6 +110,8 @@ qg_status gpu_check_launch(const char* what);
 qg_status gpu_w4a16_repack(const qg_context* ctx, const qg_w4a16_repack_args& a, qg_stream stream);
 // MXFP4 repack into its frag layout on the device (src/gpu/mxfp4_launch.cpp).
 qg_status gpu_mxfp4_repack(const qg_context* ctx, const qg_mxfp4_repack_args& a, qg_stream stream);
+// GGUF repack into its frag layout on the device (src/gpu/gguf_frag_launch.cpp).
+qg_status gpu_gguf_repack(const qg_context* ctx, const qg_gguf_repack_args& a, qg_stream stream);
 // MoE repack into its frag layout on the device (src/gpu/moe_launch.cpp).
 qg_status gpu_moe_repack(const qg_context* ctx, const qg_moe_repack_args& a, qg_stream stream);
 // Shared memory per SM in bytes (occupancy estimates of the launchers).

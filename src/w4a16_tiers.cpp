@@ -37,19 +37,11 @@ const Tier<qg_w4a16_gemm_args>* choose(const qg_context* ctx, const qg_w4a16_gem
         return &kCpuTier;
     }
 #if defined(QG_HAVE_GPU)
-    // prefill: weights read once per 128-token tile on the matrix units; decode re-reads
-    // them per 16 rows, so above 16 rows the prefill tier wins wherever it runs (measured
-    // crossover: bench/NOTES.md, "W4A16 prefill")
+    // the frag layout: prefill above 16 rows, else decode
+    if (const Tier<qg_w4a16_gemm_args>* t = choose_frag(ctx, a, gpu_w4a16_prefill_tier, gpu_w4a16_decode_frag_tier, reason))
+        return t;
+    // the canonical layout: decode on the matrix units
     const bool many_rows = a.m > kFragDecodeRows;
-    if (many_rows && usable(gpu_w4a16_prefill_tier, ctx, a)) {
-        *reason = "m > 16 on the frag layout: prefill on wgmma";
-        return &gpu_w4a16_prefill_tier;
-    }
-    // decode on the matrix units, from the layout the weight is in
-    if (usable(gpu_w4a16_decode_frag_tier, ctx, a)) {
-        *reason = !many_rows ? "m <= 16: memory-bound decode" : "frag layout, no wgmma here: decode per 16 rows";
-        return &gpu_w4a16_decode_frag_tier;
-    }
     if (usable(gpu_w4a16_decode_mma_tier, ctx, a)) {
         *reason = many_rows ? "canonical layout (repack for prefill): decode per 16 rows"
                             : "m <= 16, canonical layout: memory-bound decode";

@@ -188,6 +188,27 @@ def poisoned_output():
 
 # ---------------------------------------------------------------- one-hot activations
 
+# ---------------------------------------------------------------- repack argument tests
+
+def aligned_bytes(nbytes: int, align: int = 64) -> np.ndarray:
+    """Zeroed uint8 host buffer of `nbytes` starting at an `align`-byte boundary."""
+    raw = np.zeros(nbytes + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off: off + nbytes]
+
+
+def set_repack_fields(args, change: dict, src: np.ndarray, base: int) -> None:
+    """The fields of a repack's argument struct from `change` (a refusal test's case): the
+    value "src" is the input buffer's address, "+N" an address N bytes past `base` (the output
+    buffer's), anything else the value itself."""
+    for field, v in change.items():
+        if v == "src":
+            v = src.ctypes.data
+        elif isinstance(v, str):
+            v = base + int(v)
+        setattr(args, field, v)
+
+
 def one_hot_case(rng, w_deq, extra: int = 0):
     """x [M, K] float32 of one-hot rows (a single 1 at column perm[i] of row i: every column
     once in a random order, then `extra` more) and the output that a GEMM with the decoded

@@ -259,7 +259,8 @@ def test_an_older_struct_has_no_bias(rng, ctx, poisoned_output, family, older, a
 
 @pytest.mark.parametrize("family,size,versions", [
     ("w4a16", 144, "128, 136 or 152 bytes"), ("w4a16", 130, "128, 136 or 152 bytes"),
-    ("gguf", 120, "112 or 128 bytes"), ("mxfp4", 124, "120 or 128 bytes")])
+    ("gguf", 120, "112, 128 or 144 bytes"), ("gguf", 136, "112, 128 or 144 bytes"),
+    ("mxfp4", 124, "120 or 128 bytes")])
 def test_a_size_between_versions_is_refused(rng, ctx, poisoned_output, family, size, versions):
     make, fn, y_dt, _ = FAMILIES[family]
     g = poisoned_output(2, 8, y_dt)
@@ -283,6 +284,21 @@ def test_an_older_mxfp4_struct_reads_the_canonical_layout(rng, ctx, poisoned_out
     stale.y, stale.layout = g1.y.ctypes.data, stale_layout
     _call_with_size(fn, ctx, stale, 120)
     assert_bitwise_equal(g1.value(), g0.value(), "mxfp4 struct of 120 bytes")
+
+
+@pytest.mark.parametrize("older", [112, 128])
+def test_an_older_gguf_struct_reads_the_blocks(rng, ctx, poisoned_output, older, assert_bitwise_equal):
+    """qg_gguf_gemm_args before `w_scales` and `layout` (112 or 128 bytes): the FRAG layout
+    and the planes pointer lying past its end are not read, and the weight is the blocks."""
+    make, fn, y_dt, _ = FAMILIES["gguf"]
+    g0, g1 = poisoned_output(2, 8, y_dt), poisoned_output(2, 8, y_dt)
+    args, keep = make(rng, g0)
+    args.bias = None
+    fn(ctx.handle, ctypes.byref(args), None)
+    stale = type(args).from_buffer_copy(bytes(args))
+    stale.y, stale.layout, stale.w_scales = g1.y.ctypes.data, _lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG, 16
+    _call_with_size(fn, ctx, stale, older)
+    assert_bitwise_equal(g1.value(), g0.value(), f"gguf struct of {older} bytes")
 
 
 def test_mxfp4_layout_value_is_checked(rng, ctx, poisoned_output):

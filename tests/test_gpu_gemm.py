@@ -26,7 +26,7 @@ import pyquant
 from conftest import assert_elementwise, one_hot_case, registry_formats
 from pyquant import _lib, tiers
 from pyquant import formats as F
-from pyquant.formats import bf16_tile, int4, int4_frag, int8_act, reference
+from pyquant.formats import bf16_tile, gguf_frag, int4, int4_frag, int8_act, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +35,7 @@ F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 U32 = 2.0 ** -24
 UNIT_ROUNDOFF = {F32: 2.0 ** -24, F16: 2.0 ** -11, BF16: 2.0 ** -8}
 GGUF_FORMATS = registry_formats("gguf")
-TIERS = {"w4a16": (0, 1, 2, 3), "gguf": (0, 1, 2, 3)}  # qg_context_set_option values
+TIERS = {"w4a16": (0, 1, 2, 3), "gguf": (0, 1, 2, 3, 4, 5)}  # qg_context_set_option values (gguf 4, 5: frag)
 
 
 def w4a16_bound(k: int, y_dtype) -> float:
@@ -532,7 +532,7 @@ def test_gguf_gpu(rng, gpu_ctx, fmt, x_dt, n, poisoned_output, assert_close):
     k = 4096 if n == 4099 else 2 * max(spec.block_elems, 256)
     raw = spec.module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
     w = pyquant.from_gguf(fmt, raw, shape=(n, k))
-    wd, w_deq = w.to_device(gpu_ctx), w.dequantize()
+    wd, w_deq = w.to_device(gpu_ctx, layout="canonical"), w.dequantize()  # the blocks' tiers (frag: below)
     for i, m in enumerate((1, 2, 3, 5, 8)):
         y_dt = (x_dt, F32)[i % 2]
         x = random_x(rng, m, k, x_dt)
@@ -551,6 +551,73 @@ def test_gguf_gpu(rng, gpu_ctx, fmt, x_dt, n, poisoned_output, assert_close):
             if tier == 2:
                 assert_int8_model(y, x, fmt, raw, y_dt, name)
         assert 0 in _run_tiers(gpu_ctx, "gguf", check)
+
+
+@pytest.mark.parametrize("n", [1, 7, 4099], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("x_dt", [F16, BF16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("fmt", gguf_frag.FORMATS)
+def test_gguf_gpu_frag(rng, gpu_ctx, fmt, x_dt, n, poisoned_output):
+    """The frag layout (qg_gguf_repack) on the W4A16 frag kernels: decode_frag (4), the
+    prefill (5) and auto, at decode M, 16-row launches and prefill M with ragged tails. The
+    decode's weights are exact (fp16 d times q - 8), the products exact in fp32 and each
+    group's scale applied in fp32: bf16_tile.accumulation_bound against the exact product of
+    the gguf reference weights (the decode_frag bound of check_w4a16); so is the prefill with
+    fp16 x (its group sums). With bf16 x the prefill folds d into A (FOLD_F16: each weight
+    rounded once to bf16, as the GGUF prefill tier does): bf16_tile.error_bound, which adds
+    the 2^-8 weight rounding. N = 1 and 7 exercise the row padding to 16, K = 224 the chunk
+    padding to 128."""
+    _need("gguf")
+    spec = F.get(fmt)
+    k = 4096 if n == 4099 else 224
+    raw = spec.module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
+    w = pyquant.from_gguf(fmt, raw, shape=(n, k))
+    wd = w.to_device(gpu_ctx)
+    assert wd.layout == "frag", "to_device gives a GPU context the frag layout where the format has one"
+    w_deq = w.dequantize()
+    for i, m in enumerate((1, 2, 3, 4, 5, 8, 16, 17, 64, 100)):
+        y_dt = (x_dt, F32)[i % 2]
+        x = random_x(rng, m, k, x_dt)
+        xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+        ref = reference.gemm(x, w_deq)
+        exact = bf16_tile.accumulation_bound(x, w_deq, UNIT_ROUNDOFF[y_dt])
+        folded = bf16_tile.error_bound(x, w_deq, UNIT_ROUNDOFF[y_dt])
+
+        def check(tier):
+            y = _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, y_dt)
+            prefill = tier == 5 or (tier == 0 and m > 16)
+            bound = folded if prefill and x_dt == BF16 else exact
+            assert_elementwise(y, ref, bound, f"{fmt} frag tier={tier} x={x_dt} y={y_dt} m={m} n={n} k={k}")
+        ran = _run_tiers(gpu_ctx, "gguf", check)
+        assert 4 in ran, f"decode_frag did not serve the frag layout (ran: {ran})"
+        assert not set(ran) & {1, 2, 3}, f"a block-layout tier took a frag weight (ran: {ran})"
+
+
+def test_gguf_gpu_frag_repack_matches_reference(rng, gpu_ctx):
+    """qg_gguf_repack on the device writes the bytes of pyquant.formats.gguf_frag (and of the
+    CPU repack), rows of stride ldw included (to_device pads the block rows to 16 bytes)."""
+    _need("gguf")
+    for n, k in ((1, 32), (7, 224), (40, 4096 + 32)):
+        raw = F.get("q4_0").module.random_blocks(rng, n, k, d_range=None)
+        want_w, want_s = gguf_frag.repack("q4_0", raw)
+        blocks = pyquant.from_gguf("q4_0", raw, shape=(n, k)).to_device(gpu_ctx, layout="canonical")
+        r = blocks.repack("frag")
+        assert r.layout == "frag" and r.is_device
+        np.testing.assert_array_equal(r.raw.to_numpy().reshape(-1).view(np.uint32), want_w.reshape(-1).view(np.uint32))
+        np.testing.assert_array_equal(r.scales.to_numpy().reshape(-1).view(np.uint16), want_s.reshape(-1).view(np.uint16))
+
+
+def test_gguf_gpu_frag_refuses_fp32_x(rng, gpu_ctx, poisoned_output):
+    """fp32 x on a frag weight: QG_ERR_UNSUPPORTED naming the 16-bit x the frag tiers take,
+    and nothing written."""
+    _need("gguf")
+    raw = F.get("q4_0").module.random_blocks(rng, 16, 64, d_range=(2.0 ** -8, 2.0 ** -4))
+    wd = pyquant.from_gguf("q4_0", raw, shape=(16, 64)).to_device(gpu_ctx, layout="frag")
+    xd = pyquant.DeviceArray.from_numpy(random_x(rng, 3, 64, F32), gpu_ctx)
+    g = poisoned_output(3, 16, F32, device_ctx=gpu_ctx)
+    with pytest.raises(pyquant.QuantGemmError, match="fp16 or bf16 x") as e:
+        pyquant.gemm(xd, wd, out=g.y)
+    assert e.value.status == _lib.Status.QG_ERR_UNSUPPORTED
+    assert g.unchanged(), "a refused call wrote its output"
 
 
 def int8_model_bound(fmt: str, k: int, mag: np.ndarray, model: np.ndarray, y_dtype) -> np.ndarray:
@@ -585,26 +652,32 @@ def assert_int8_model(y, x, fmt, raw, y_dtype, name):
     assert_elementwise(y, model, bound, f"{name}: int8 tier against its model", what="model")
 
 
+@pytest.mark.parametrize("layout", ["canonical", "frag"])
 @pytest.mark.parametrize("fmt", GGUF_FORMATS)
-def test_gguf_gpu_one_hot(rng, gpu_ctx, fmt, assert_bitwise_equal):
+def test_gguf_gpu_one_hot(rng, gpu_ctx, fmt, layout, assert_bitwise_equal):
     """One-hot rows return the decoded weights: bit for bit on the tier that keeps x in
     floating point (1); the int8 tier (2) turns 1.0 into 127 * (1/127) and is held to its
     model (within fp32 rounding of each term: q4_K's (d*sc)*q - dmin*m can cancel, so a
     relative bound on the difference would not hold)."""
     _need("gguf")
+    if layout == "frag" and fmt not in gguf_frag.FORMATS:
+        pytest.skip(f"{fmt} has no frag layout")
     spec = F.get(fmt)
     n, k = 9, 2 * spec.block_elems
     raw = spec.module.random_blocks(rng, n, k, d_range=None)  # every finite fp16 scale
     w = pyquant.from_gguf(fmt, raw, shape=(n, k))
-    wd = w.to_device(gpu_ctx)
+    wd = w.to_device(gpu_ctx, layout=layout)
     perm = rng.permutation(k)
-    x = np.zeros((k, k), np.float32)
+    x = np.zeros((k, k), np.float32 if layout == "canonical" else BF16)  # the frag tiers take 16-bit x
     x[np.arange(k), perm] = 1
     want = np.ascontiguousarray(w.dequantize()[:, perm].T + np.float32(0))
     xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
 
     def check(tier):
         y = pyquant.gemm(xd, wd, out_dtype=np.float32).to_numpy()
+        if layout == "frag" and tier != 4:  # the frag prefill (m = k > 16, bf16 x): each weight rounded once to bf16
+            assert_bitwise_equal(y, want.astype(BF16).astype(np.float32), f"one-hot {fmt} frag tier={tier}")
+            return
         if tier == 2:   # int8 x: 1.0 becomes 127 * (1/127); the model says exactly what to expect
             assert_int8_model(y, x, fmt, raw, F32, f"one-hot {fmt} tier=2")
             return
@@ -695,7 +768,8 @@ def _to_16(y32: np.ndarray, dt) -> np.ndarray:
     return y32.astype(dt)
 
 
-@pytest.mark.parametrize("family", ["w4a16-frag", "w4a16-canonical", "gguf-q4_K", "gguf-q8_0", "gguf-iq3_xxs"])
+@pytest.mark.parametrize("family", ["w4a16-frag", "w4a16-canonical", "gguf-q4_K", "gguf-q8_0", "gguf-iq3_xxs",
+                                    "gguf-q4_0"])  # q4_0: the frag layout
 @pytest.mark.parametrize("bias_dt", [F32, F16, BF16], ids=["b_fp32", "b_fp16", "b_bf16"])
 def test_gpu_bias_is_added_once_in_the_epilogue(rng, gpu_ctx, family, bias_dt, assert_bitwise_equal):
     """Every tier, M through decode (1, 5), 16-row decode launches and prefill (17, 40, 300),

@@ -71,7 +71,7 @@ def test_gguf_prefill_every_format(rng, gpu_ctx, fmt, poisoned_output):
     n, k = 200, _k_for(spec)
     raw = spec.module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
     w = pyquant.from_gguf(fmt, raw, shape=(n, k))
-    wd, w_deq = w.to_device(gpu_ctx), w.dequantize()
+    wd, w_deq = w.to_device(gpu_ctx, layout="canonical"), w.dequantize()  # the blocks (q4_0 has a frag layout too)
     for i, m in enumerate((1, 9, 16, 17, 100, 130, 300, 517)):
         y_dt = (BF16, F32)[i % 2]
         x = rng.standard_normal((m, k)).astype(np.float32).astype(BF16)

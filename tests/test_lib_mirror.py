@@ -26,6 +26,7 @@ ENUM_CLASSES = {
     "qg_format": _lib.Format, "qg_activation": _lib.Activation,
     "qg_gate_up_layout": _lib.GateUpLayout, "qg_copy_kind": _lib.CopyKind,
     "qg_w4a16_layout": _lib.W4A16Layout, "qg_mxfp4_layout": _lib.MXFP4Layout,
+    "qg_gguf_layout": _lib.GGUFLayout,
 }
 SCALARS = {
     "int": ctypes.c_int, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64,

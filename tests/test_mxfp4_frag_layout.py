@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import pyquant
+from conftest import aligned_bytes, set_repack_fields
 from pyquant import _lib
 from pyquant.formats import int4_frag as FR
 from pyquant.formats import mxfp4 as MX
@@ -233,15 +234,9 @@ def test_stacked_experts_repack_only_through_moe_repack(rng):
     assert w.to_device(pyquant.Context("cpu")).layout == "canonical"
 
 
-def _aligned(nbytes):
-    raw = np.zeros(nbytes + 64, np.uint8)
-    off = (-raw.ctypes.data) % 64
-    return raw[off: off + nbytes]
-
-
 def _repack_args(n=24, k=96, **over):
-    src = _aligned(n * k // 2 + n * k // 32)   # canonical blocks, then scales
-    out = _aligned(1 << 16)
+    src = aligned_bytes(n * k // 2 + n * k // 32)   # canonical blocks, then scales
+    out = aligned_bytes(1 << 16)
     base = out.ctypes.data
     fields = dict(layout=_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG, n=n, k=k, blocks=src.ctypes.data,
                   scales=src.ctypes.data + n * k // 2, out_blocks=base, out_scales=base + 32768)
@@ -274,12 +269,7 @@ def test_repack_size_is_the_plane_size():
 ])
 def test_repack_refuses_bad_arguments_and_writes_nothing(change, pattern):
     a, (src, out), base = _repack_args()
-    for f, v in change.items():
-        if v == "src":
-            v = src.ctypes.data
-        elif isinstance(v, str):  # an offset from out_blocks' start
-            v = base + int(v)
-        setattr(a, f, v)
+    set_repack_fields(a, change, src, base)  # "+N": N bytes past out_blocks' start
     with pytest.raises(pyquant.InvalidArgumentError, match=pattern):
         _lib.qg_mxfp4_repack(pyquant.cpu_context().handle, ctypes.byref(a), None)
     assert not out.any(), "a refused repack wrote its output"
@@ -297,7 +287,7 @@ def test_cpu_repack_reads_blocks_at_any_address(rng, assert_bitwise_equal):
     n, k = 24, 96
     blocks, scales = _canonical(rng, n, k)
     a, (src, out), base = _repack_args(n, k)
-    odd = _aligned(blocks.nbytes + 1)
+    odd = aligned_bytes(blocks.nbytes + 1)
     odd[1:] = blocks.reshape(-1)
     src[n * k // 2:] = scales.reshape(-1)
     a.blocks = odd.ctypes.data + 1

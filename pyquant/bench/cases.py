@@ -14,7 +14,9 @@ flops  = 2 * M * N * K;  MoE: 2 * T * top_k * (2I * H + H * I).
 
 Row naming (DESIGN.md): family in w4a16 / gguf / mxfp4 / moe; format a registry name;
 variant for w4a16 `g{G}-{sym|asym}-{fp16|bf16}`, for gguf and mxfp4 the activation dtype,
-for moe the model shape with m = tokens, n = 2 * intermediate, k = hidden.
+for moe the model shape with m = tokens, n = 2 * intermediate, k = hidden. A gguf variant
+`{dtype}-blocks` keeps the .gguf blocks on a GPU where the format has a frag layout too
+(q4_0: to_device() repacks it otherwise), so both layouts' tiers can be measured side by side.
 """
 from __future__ import annotations
 
@@ -118,16 +120,27 @@ def parse_w4a16_variant(variant: str) -> W4A16Variant:
     return W4A16Variant(int(m.group(1)), m.group(2) == "sym", m.group(3))
 
 
+GGUF_BLOCKS = "-blocks"   # gguf variant suffix: the .gguf block layout on a GPU (module docstring)
+
+
+def gguf_keeps_blocks(case: Case) -> bool:
+    """A gguf case that runs on the .gguf blocks on a GPU: asked by its variant, or fp32 x
+    (the frag layout's GPU tiers take 16-bit x)."""
+    return case.family == "gguf" and (case.variant.endswith(GGUF_BLOCKS) or act_dtype(case) == "fp32")
+
+
 def act_dtype(case: Case) -> str:
     """Activation (and output) dtype name of a case."""
     if case.family == "w4a16":
         return parse_w4a16_variant(case.variant).dtype
     if case.family == "moe":
         return MOE_ACT_DTYPE
-    if case.variant not in DTYPE_BYTES:
+    dtype = case.variant[: -len(GGUF_BLOCKS)] if case.family == "gguf" and case.variant.endswith(GGUF_BLOCKS) \
+        else case.variant
+    if dtype not in DTYPE_BYTES:
         raise ValueError(f"{case.family} variant {case.variant!r} is not an activation dtype "
                          f"({', '.join(DTYPE_BYTES)})")
-    return case.variant
+    return dtype
 
 
 def check_variant(family: str, variant: str) -> None:
@@ -137,8 +150,11 @@ def check_variant(family: str, variant: str) -> None:
     elif family == "moe":
         if variant not in MOE_MODELS:
             raise ValueError(f"moe variant {variant!r} is not one of {', '.join(MOE_MODELS)}")
+    elif family == "gguf" and variant.endswith(GGUF_BLOCKS) and variant[: -len(GGUF_BLOCKS)] in DTYPE_BYTES:
+        return
     elif variant not in DTYPE_BYTES:
-        raise ValueError(f"{family} variant {variant!r} is not one of {', '.join(DTYPE_BYTES)}")
+        raise ValueError(f"{family} variant {variant!r} is not one of {', '.join(DTYPE_BYTES)}"
+                         + (f" (with {GGUF_BLOCKS}: the block layout on a GPU)" if family == "gguf" else ""))
 
 
 def check_case(case: Case) -> None:

@@ -203,11 +203,13 @@ class LibraryRunner:
                               {n: None if a is None else a.copy() for n, a in arrays.items()})
             if self.gpu:
                 # the frag layouts the GPU tiers read: to_device for a dense weight (int4,
-                # mxfp4), moe_repack for experts (the cases route with interleaved gate / up)
+                # mxfp4, gguf q4_0), moe_repack for experts (the cases route with interleaved
+                # gate / up); fp32 x and the -blocks variants keep the GGUF blocks
+                layout = "canonical" if C.gguf_keeps_blocks(case) else "auto"
                 w = (self.pq.moe_repack(*w, "interleaved", ctx=self.ctx) if isinstance(w, tuple)
-                     else w.to_device(self.ctx))
+                     else w.to_device(self.ctx, layout=layout))
             ws.append(w)
-        if self.gpu and case.family in ("w4a16", "mxfp4"):
+        if self.gpu and (case.family in ("w4a16", "mxfp4") or getattr(ws[0], "layout", None) == "frag"):
             self._time_repack(case, ws[0])
         first = ws[0][0] if isinstance(ws[0], tuple) else ws[0]
         if case.family != "moe" and _counted_nbytes(first) != C.dense_weight_bytes(case):
@@ -217,10 +219,12 @@ class LibraryRunner:
         return ws
 
     def _time_repack(self, case: C.Case, w) -> None:
-        """Device time of qg_w4a16_repack / qg_mxfp4_repack (canonical -> frag) for this
-        weight, once per shape (and int4 group size): the one-time cost a frag weight pays
-        (reported in the notes)."""
+        """Device time of qg_w4a16_repack / qg_mxfp4_repack / qg_gguf_repack (canonical ->
+        frag) for this weight, once per shape (and int4 group size, GGUF format): the one-time
+        cost a frag weight pays (reported in the notes)."""
         key = f"{case.family} repack {case.n}x{case.k}"
+        if case.family == "gguf":
+            key = f"gguf {case.format} repack {case.n}x{case.k}"
         if case.family == "w4a16":
             key += f" g{C.parse_w4a16_variant(case.variant).group_size} {'sym' if w.qzeros is None else 'asym'}"
         if key in self.repack_ms:

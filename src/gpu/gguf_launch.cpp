@@ -352,7 +352,7 @@ namespace {
 
 bool float_usable(const qg_context* ctx, const qg_gguf_gemm_args& a, const char** why)
 {
-    if (!gpu_context_only(ctx, why)) return false;
+    if (!gpu_context_only(ctx, why) || !gguf_blocks_only(a, why)) return false;
     // 32-bit row and block indices
     if (a.n > INT32_MAX || a.k > INT32_MAX) {
         *why = "the gguf GPU tiers index rows and blocks with 32-bit ints (n, k <= 2^31 - 1)";

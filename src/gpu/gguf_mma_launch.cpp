@@ -193,7 +193,7 @@ qg_status launch(const qg_context* ctx, const qg_gguf_gemm_args* a, hipStream_t 
 
 bool int8_usable(const qg_context* ctx, const qg_gguf_gemm_args& a, const char** why)
 {
-    if (!gpu_context_only(ctx, why)) return false;
+    if (!gpu_context_only(ctx, why) || !gguf_blocks_only(a, why)) return false;
     if (!kGpuIsCuda) {
         *why = "the int8 mma tier exists for NVIDIA GPUs only (mma.sync)";
         return false;

@@ -17,7 +17,7 @@ using launch_util::ceil_div;
 typedef qg_gguf_gemm_args Args;
 
 bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
-    if (!wgmma_tier_usable(ctx, a.x, a.ldx, why)) return false;
+    if (!wgmma_tier_usable(ctx, a.x, a.ldx, why) || !gguf_blocks_only(a, why)) return false;
     if (a.x_dtype != QG_DTYPE_BF16) {
         *why = "runs bf16 x only (the weights become bf16 tiles; fp16 and fp32 x stay on the decode tiers)";
         return false;

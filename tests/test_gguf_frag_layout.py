@@ -1,0 +1,229 @@
+"""The GGUF frag layout (pyquant.formats.gguf_frag, qg_gguf_repack) on the CPU. Q4_0 so far.
+
+1. The numpy reference against its definition: the weights plane is the W4A16 frag qweight
+   plane (pyquant.formats.int4_frag, itself checked against the PTX fragment layout in
+   tests/test_int4_frag_layout.py) of the block codes q in element order, the scales plane the
+   W4A16 scales plane of G = 32 holding each block's fp16 d bit for bit; so a q4_0 frag weight
+   is the W4A16 frag weight of G = 32, symmetric, fp16 scales, whose kernels read it.
+2. Round trips: unpack(repack(raw)) == raw for every fp16 d bit pattern (NaN and inf too),
+   shapes whose N and K need padding, and the padding is exactly code 0 and scale 0.
+3. The library's CPU repack writes the reference bytes, rows of any even stride ldw included.
+4. The CPU tier on a frag weight gives the block weight's output bit for bit (every x and
+   output dtype, with and without a bias).
+5. Refusals: formats without a frag layout, bad repack arguments (nothing written), fp32 x is
+   fine on the CPU; pyquant's GGUFWeight(layout="frag") checks its planes.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pyquant
+from conftest import aligned_bytes, set_repack_fields
+from pyquant import _lib
+from pyquant.formats import gguf_frag as GF
+from pyquant.formats import int4
+from pyquant.formats import int4_frag as FR
+from pyquant.formats import q4_0
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+# N = 40 pads to 48 rows, K = 224 (seven blocks) to 256; N = 1; K one chunk; a real K plus a block
+AWKWARD = [(40, 224), (1, 32), (16, 128), (7, 4096 + 32)]
+
+
+def _raw(rng, n, k):
+    """Random blocks: every nibble, every fp16 d bit pattern (NaN and inf included)."""
+    raw = q4_0.random_blocks(rng, n, k).reshape(n, k // 32, 18)
+    raw[..., 0:2] = rng.integers(0, 256, size=(n, k // 32, 2), dtype=np.uint8)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("n,k", AWKWARD)
+def test_planes_are_the_w4a16_planes_of_g32_symmetric(rng, n, k):
+    raw = _raw(rng, n, k)
+    fw, fs = GF.repack("q4_0", raw)
+    blocks = raw.reshape(n, k // 32, 18)
+    codes = q4_0.unpack_quants(blocks).reshape(n, k)
+    d_bits = np.ascontiguousarray(blocks[..., 0:2]).view("<u2")[..., 0]
+    np.testing.assert_array_equal(fw, FR.pack_nibbles(codes))
+    np.testing.assert_array_equal(fs.view(np.uint16), FR.pack_scales(d_bits, k, 32))
+    assert fw.shape == GF.plane_shapes("q4_0", n, k)["w"] and fs.dtype == np.float16
+    if n % 8 == 0:  # the same weight as W4A16 (canonical int4 wants whole qzeros words)
+        want_q, want_s, _ = FR.repack(int4.pack_k(codes), d_bits.view(np.float16), None, 32)
+        np.testing.assert_array_equal(fw, want_q)
+        np.testing.assert_array_equal(fs.view(np.uint16), want_s.view(np.uint16))
+        finite = np.isfinite(d_bits.view(np.float16)).all(axis=1)
+        with np.errstate(invalid="ignore"):  # inf d times q - 8 = 0
+            w4 = int4.dequantize(int4.pack_k(codes), d_bits.view(np.float16), None, 32)
+            np.testing.assert_array_equal(w4[finite], q4_0.dequantize(raw)[finite])
+
+
+@pytest.mark.parametrize("n,k", AWKWARD)
+def test_round_trip_and_padding(rng, n, k):
+    raw = _raw(rng, n, k)
+    fw, fs = GF.repack("q4_0", raw)
+    np.testing.assert_array_equal(GF.unpack("q4_0", fw, fs, n, k), raw)
+    row, kk = FR.fragment_coords(n, k)
+    nib = (fw.view(np.uint32)[..., None] >> (np.arange(8, dtype=np.uint32) * 4)) & 15
+    assert not nib[(row >= n) | (kk >= k)].any(), "a padded code is not 0"
+    srow, sgrp = FR._scale_coords(n, k, 32)
+    assert not fs.view(np.uint16)[(srow >= n) | (sgrp >= k // 32)].any(), "a padded scale is not 0"
+
+
+@pytest.mark.parametrize("n,k", AWKWARD)
+def test_library_cpu_repack_matches_reference(rng, n, k, assert_bitwise_equal):
+    raw = _raw(rng, n, k)
+    w = pyquant.from_gguf("q4_0", raw, shape=(n, k))
+    r = w.repack()
+    fw, fs = GF.repack("q4_0", raw)
+    assert r.layout == "frag" and r.shape == (n, k) and r.ldw == 0
+    assert_bitwise_equal(np.asarray(r.raw).reshape(fw.shape), fw, f"weights plane {n}x{k}")
+    assert_bitwise_equal(np.asarray(r.scales).reshape(fs.shape).view(np.uint16), fs.view(np.uint16),
+                         f"scales plane {n}x{k}")
+    back = r.repack("canonical")
+    assert back.layout == "canonical"
+    assert_bitwise_equal(np.asarray(back.raw), raw, "round trip")
+    assert r.repack("frag") is r
+
+
+def test_library_cpu_repack_reads_strided_rows(rng, assert_bitwise_equal):
+    """Rows of stride ldw > row bytes (to_device pads GGUF rows to 16 bytes): the same planes."""
+    n, k = 24, 96
+    raw = _raw(rng, n, k)
+    padded = np.zeros((n, 64), np.uint8)
+    padded[:, :54] = raw
+    r = pyquant.from_gguf("q4_0", padded[:, :54], shape=(n, k)).repack()
+    fw, fs = GF.repack("q4_0", raw)
+    assert_bitwise_equal(np.asarray(r.raw).reshape(fw.shape), fw, "weights plane, ldw = 64")
+    assert_bitwise_equal(np.asarray(r.scales).reshape(fs.shape).view(np.uint16), fs.view(np.uint16), "scales plane")
+
+
+X_DTYPES = [np.float32, np.float16, BF16]
+
+
+@pytest.mark.parametrize("x_dt", X_DTYPES, ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_cpu_tier_on_frag_is_the_block_result(rng, x_dt, bias, assert_bitwise_equal):
+    n, k = 40, 224
+    raw = q4_0.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
+    b = rng.standard_normal(n).astype(np.float32) if bias else None
+    w = pyquant.from_gguf("q4_0", raw, shape=(n, k)).with_bias(b)
+    f = w.repack()
+    assert (f.bias is None) == (not bias)
+    for m in (1, 3, 17):
+        x = rng.standard_normal((m, k)).astype(np.float32).astype(x_dt)
+        for out_dtype in (None, np.float32):
+            assert_bitwise_equal(pyquant.gemm(x, f, out_dtype=out_dtype), pyquant.gemm(x, w, out_dtype=out_dtype),
+                                 f"frag vs blocks m={m} x={np.dtype(x_dt)} out={out_dtype}")
+    assert_bitwise_equal(f.dequantize(), w.dequantize(), "dequantize frag vs blocks")
+
+
+def test_formats_without_a_frag_layout_are_refused(rng):
+    raw = pyquant.formats.get("q4_K").module.random_blocks(rng, 16, 256)
+    w = pyquant.from_gguf("q4_K", raw, shape=(16, 256))
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"format 'q4_K' has no frag layout yet \(q4_0 only\)"):
+        w.repack()
+    assert w.to_device(pyquant.Context("cpu")).layout == "canonical"
+    with pytest.raises(pyquant.InvalidArgumentError, match="no frag layout"):
+        pyquant.GGUFWeight("q8_0", np.zeros(64, np.int32), shape=(16, 32), layout="frag",
+                           scales=np.zeros(16, np.float16))
+
+
+def test_frag_weight_checks_its_planes(rng):
+    n, k = 16, 128
+    fw, fs = GF.repack("q4_0", _raw(rng, n, k))
+    w = pyquant.GGUFWeight("q4_0", fw.reshape(-1).view(np.uint32), shape=(n, k), layout="frag", scales=fs)
+    assert w.raw.dtype == np.int32 and w.nbytes == fw.nbytes + fs.nbytes
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"needs shape=\(N, K\)"):
+        pyquant.GGUFWeight("q4_0", fw, layout="frag", scales=fs)
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"scales is None"):
+        pyquant.GGUFWeight("q4_0", fw, shape=(n, k), layout="frag")
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"frag raw plane holds \d+ elements"):
+        pyquant.GGUFWeight("q4_0", fw.reshape(-1)[:-1], shape=(n, k), layout="frag", scales=fs)
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"frag scales plane has dtype bfloat16"):
+        pyquant.GGUFWeight("q4_0", fw, shape=(n, k), layout="frag", scales=fs.view(np.uint16).view(BF16))
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"scales= is the frag layout's"):
+        pyquant.GGUFWeight("q4_0", np.zeros((n, k // 32 * 18), np.uint8), scales=fs)
+
+
+def _repack_args(n=24, k=96, **over):
+    src = aligned_bytes(n * k // 32 * 18)
+    out = aligned_bytes(1 << 16)
+    base = out.ctypes.data
+    fields = dict(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG, format=_lib.Format.QG_FORMAT_Q4_0, n=n, k=k,
+                  w=src.ctypes.data, ldw=k // 32 * 18, out_w=base, out_scales=base + 32768)
+    fields.update(over)
+    return _lib.qg_gguf_repack_args(**fields), (src, out), base
+
+
+def test_repack_size_is_the_plane_size():
+    for n, k in AWKWARD:
+        a, _, _ = _repack_args(n, k)
+        nw, ns = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        _lib.qg_gguf_repack_size(ctypes.byref(a), ctypes.byref(nw), ctypes.byref(ns))
+        shapes = GF.plane_shapes("q4_0", n, k)
+        assert (nw.value, ns.value) == (4 * np.prod(shapes["w"]), 2 * np.prod(shapes["scales"]))
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (dict(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_BLOCKS),
+     r"layout=QG_GGUF_LAYOUT_BLOCKS: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG \(1\) only"),
+    (dict(layout=7), r"layout=7: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG"),
+    (dict(format=_lib.Format.QG_FORMAT_Q4_K), r"format=Q4_K has no frag layout yet"),
+    (dict(format=_lib.Format.QG_FORMAT_INT4), r"is not a GGUF block format"),
+    (dict(k=100), r"k=100 is not a multiple of the Q4_0 block \(32 elements\)"),
+    (dict(n=0), r"n=0 must be positive"),
+    (dict(ldw=53), r"ldw=53 < 54 bytes per row"),
+    (dict(ldw=55), r"ldw=55 is odd"),
+    (dict(w=None), r"w is NULL"),
+    (dict(out_w="+4"), r"out_w=0x[0-9a-f]+ is not aligned to 16 bytes \(frag layout"),
+    (dict(out_scales="+8"), r"out_scales=0x[0-9a-f]+ is not aligned to 16 bytes"),
+    (dict(out_scales="+64"), r"out_scales overlaps out_w"),
+    (dict(out_w="src"), r"out_w overlaps w"),
+])
+def test_repack_refuses_bad_arguments_and_writes_nothing(change, pattern):
+    a, (src, out), base = _repack_args()
+    set_repack_fields(a, change, src, base)  # "+N": N bytes past out_w's start
+    with pytest.raises(pyquant.InvalidArgumentError, match=pattern):
+        _lib.qg_gguf_repack(pyquant.cpu_context().handle, ctypes.byref(a), None)
+    assert not out.any(), "a refused repack wrote its output"
+    assert not src.any(), "a refused repack wrote its input"
+    if not any(f.startswith(("out_", "w", "ldw")) for f in change):  # the size query reads no pointer or stride
+        with pytest.raises(pyquant.InvalidArgumentError, match=pattern):
+            _lib.qg_gguf_repack_size(ctypes.byref(a), ctypes.byref(ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t()))
+
+
+def test_gemm_refuses_a_bad_layout_and_misaligned_planes(rng, poisoned_output):
+    """qg_gguf_gemm: a layout that is not a qg_gguf_layout value, a frag call of a format with
+    no frag layout, and frag planes off 16 bytes are refused before anything is written."""
+    n, k, m = 16, 128, 2
+    fw, fs = GF.repack("q4_0", q4_0.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4)))
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    y = np.full((m, n), np.nan, np.float16)
+    planes = aligned_bytes(fw.nbytes + 16 + fs.nbytes)
+
+    def call(**over):
+        fields = dict(format=_lib.Format.QG_FORMAT_Q4_0, m=m, n=n, k=k, x_dtype=_lib.DType.QG_DTYPE_F16,
+                      y_dtype=_lib.DType.QG_DTYPE_F16, x=x.ctypes.data, ldx=k, w=planes.ctypes.data, ldw=0,
+                      y=y.ctypes.data, ldy=n, w_scales=planes.ctypes.data + fw.nbytes,
+                      layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG)
+        fields.update(over)
+        a = _lib.qg_gguf_gemm_args(**fields)
+        _lib.qg_gguf_gemm(pyquant.cpu_context().handle, ctypes.byref(a), None)
+
+    for over, pattern in ((dict(layout=3), r"layout=3 is not a qg_gguf_layout value"),
+                          (dict(format=_lib.Format.QG_FORMAT_Q8_0), r"format=Q8_0 has no frag layout yet"),
+                          (dict(w=planes.ctypes.data + 8), r"w=0x[0-9a-f]+ is not aligned to 16 bytes"),
+                          (dict(w_scales=planes.ctypes.data + fw.nbytes + 2), r"w_scales=0x[0-9a-f]+ is not aligned"),
+                          (dict(w_scales=None), r"w_scales is NULL")):
+        with pytest.raises(pyquant.InvalidArgumentError, match=pattern):
+            call(**over)
+        assert np.isnan(y).all(), f"{pattern}: a refused call wrote y"
+    planes[: fw.nbytes] = fw.reshape(-1).view(np.uint8)
+    planes[fw.nbytes: 2 * fw.nbytes] = 0
+    planes[fw.nbytes: fw.nbytes + fs.nbytes] = fs.reshape(-1).view(np.uint8)
+    call()
+    assert np.isfinite(y).all()
