@@ -2,8 +2,9 @@
 //
 // A level is usable when three things agree:
 //   - the CPU: cpuid leaf 7 (AVX2 = EBX bit 5, AVX512F = EBX 16, AVX512BW = EBX 30,
-//     AVX512VL = EBX 31, AVX512_VNNI = ECX 11, AMX-TILE = EDX 24, AMX-INT8 = EDX 25) and
-//     leaf 1 (FMA = ECX 12, F16C = ECX 29, OSXSAVE = ECX 27) -- Intel SDM vol. 2, CPUID;
+//     AVX512VL = EBX 31, AVX512_VNNI = ECX 11, AMX-TILE = EDX 24, AMX-INT8 = EDX 25;
+//     AVX512_VBMI = ECX 1 for int8_vbmi) and leaf 1 (FMA = ECX 12, F16C = ECX 29,
+//     OSXSAVE = ECX 27) -- Intel SDM vol. 2, CPUID;
 //   - the OS: XCR0 (xgetbv 0) has the state components the registers need: SSE and AVX
 //     (bits 1, 2) for ymm; opmask, ZMM_Hi256 and Hi16_ZMM (5, 6, 7) for AVX-512; XTILECFG
 //     and XTILEDATA (17, 18) for AMX -- SDM vol. 1, 13.3;
@@ -166,6 +167,20 @@ Isa choose() {
 Isa int8_isa() {
     static const Isa isa = choose();  // thread-safe once (C++11 magic static)
     return isa;
+}
+
+bool int8_vbmi() {
+    static const bool vbmi = [] {
+#if QG_INT8_HAVE_AVX512
+        // the level's checks (zmm state included) hold from AVX512_VNNI on
+        const bool on = int8_isa() >= Isa::AVX512_VNNI && bit(cpuid(7, 0).ecx, 1);
+#else
+        const bool on = false;
+#endif
+        log_once("cpu int8: avx512vbmi decoders %s", on ? "used" : "not used");
+        return on;
+    }();
+    return vbmi;
 }
 
 }  // namespace cpu

@@ -22,5 +22,10 @@ Isa int8_isa();
 
 const char* isa_name(Isa isa);
 
+// AVX-512 VBMI (vpermb, vpermi2b, vpmultishiftqb) at level AVX512_VNNI and up: a choice of
+// decoder within the level (iq3_xxs, iq3_xxs_vbmi.h) that gives the same codes, so the same
+// bits. False where the level is capped below AVX512_VNNI. QG_LOG=1 prints it once.
+bool int8_vbmi();
+
 }  // namespace cpu
 }  // namespace qg

@@ -13,11 +13,14 @@
 // than its one integer multiplier does: instructions are what the layout saves.
 #include <string.h>
 
+#include <type_traits>
+
 #include "cpu/int8_rows.h"
 
 #include "cpu/cpu_isa.h"
 #include "cpu/int8_avx2.h"
 #include "cpu/int8_blocks.h"
+#include "cpu/iq3_xxs_vbmi.h"
 
 namespace qg {
 namespace cpu {
@@ -377,6 +380,39 @@ QG_AVX2_INLINE void GgufRows<block_iq3_xxs>::codes(int i, int64_t fb, __m256i& l
     hi = c[1];
 }
 
+// iq3_xxs where the CPU has AVX-512 VBMI (cpu::int8_vbmi()): the 8 rows' codes of each
+// format block decoded at once by iq3_xxs_codes_vbmi into buf when its scales are (scales8
+// comes first for every format block, in the rows kernel and the panel fill), then read as
+// q8_0's codes are; the scales as GgufRows<block_iq3_xxs>. The same codes: the same bits.
+struct Iq3xxsVbmiRows : GgufRows<block_iq3_xxs> {
+    using GgufRows::GgufRows;
+    alignas(64) mutable int8_t buf[GROUP * QK_K];  // [row][element] of the current format block
+    QG_AVX2_INLINE unsigned scales8(int64_t fb, float* sw, float* mw, int32_t* sub) const {
+        const uint8_t* blocks[GROUP];
+        for (int r = 0; r < GROUP; ++r) blocks[r] = at(r, fb);
+        iq3_xxs_codes_vbmi(blocks, buf);
+        return GgufRows::scales8(fb, sw, mw, sub);
+    }
+    template <int J>
+    QG_AVX2_INLINE void codes(int i, int64_t, __m256i& lo, __m256i& hi) const {
+        const uint8_t* a = (const uint8_t*)buf + i * QK_K + Q8_BLOCK * J;
+        const uint8_t* b = a + 4 * QK_K;  // row i + 4
+        lo = load2(a, b);
+        hi = load2(a + 16, b + 16);
+    }
+};
+static_assert(IQ3_VBMI_ROWS == GROUP, "iq3_xxs_codes_vbmi decodes one pass of rows");
+
+// The decoder F's AVX-512 VBMI form, where a format has one (void: none).
+template <class F>
+struct VbmiForm {
+    using type = void;
+};
+template <>
+struct VbmiForm<GgufRows<block_iq3_xxs>> {
+    using type = Iq3xxsVbmiRows;
+};
+
 struct Mxfp4Rows {
     static constexpr int SUBS = 1;
     // signed here (|w| <= 12 sums 16 products in int16; the panel stores w + 12)
@@ -613,15 +649,28 @@ int64_t rows_max_m() {
 // The entry points build a decoder on 8 rows of the source; without AVX2 they are never
 // called (rows_available() is false) and compile to nothing.
 #if QG_INT8_HAVE_AVX2
-#define QG_ROWS_ENTRIES(SRC, F, ELEMS)                                                                  \
-    void rows_kernel(const SRC& src, int g0, int64_t K, const Q8Rows& x, float* acc, bool* ok) {          \
-        if (rows_vnni())                                                                                  \
-            vnni::rows_run(F(src, g0), K / (ELEMS), x, acc + g0, ok + g0);                                \
-        else                                                                                              \
-            avx2::rows_run(F(src, g0), K / (ELEMS), x, acc + g0, ok + g0);                                \
-    }                                                                                                     \
-    void panel_fill(const SRC& src, int64_t k0, int64_t kc, const PanelOut& out, bool* ok) {              \
-        for (int h = 0; h < 2; ++h) panel_run(F(src, 8 * h), k0 / (ELEMS), kc / (ELEMS), h, out, ok);     \
+// run(decoder F of rows g0 .. g0 + 7 of src), or of F's VBMI form where this CPU has VBMI.
+template <class F, class Src, class Run>
+void with_rows(const Src& src, int g0, Run&& run) {
+    using V = typename VbmiForm<F>::type;
+    if constexpr (!std::is_void<V>::value) {
+        if (int8_vbmi()) return run(V(src, g0));
+    }
+    run(F(src, g0));
+}
+
+#define QG_ROWS_ENTRIES(SRC, F, ELEMS)                                                                     \
+    void rows_kernel(const SRC& src, int g0, int64_t K, const Q8Rows& x, float* acc, bool* ok) {             \
+        with_rows<F>(src, g0, [&](const auto& f) {                                                           \
+            if (rows_vnni())                                                                                 \
+                vnni::rows_run(f, K / (ELEMS), x, acc + g0, ok + g0);                                        \
+            else                                                                                             \
+                avx2::rows_run(f, K / (ELEMS), x, acc + g0, ok + g0);                                        \
+        });                                                                                                  \
+    }                                                                                                        \
+    void panel_fill(const SRC& src, int64_t k0, int64_t kc, const PanelOut& out, bool* ok) {                 \
+        for (int h = 0; h < 2; ++h)                                                                          \
+            with_rows<F>(src, 8 * h, [&](const auto& f) { panel_run(f, k0 / (ELEMS), kc / (ELEMS), h, out, ok); }); \
     }
 #else
 #define QG_ROWS_ENTRIES(SRC, F, ELEMS)                                                             \
