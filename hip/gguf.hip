@@ -907,21 +907,11 @@ __global__ void __launch_bounds__(kThreads, Tune<MT>::kMinBlocks) gguf_decode_ke
 
     // Split-K: the last of the split_k blocks of this row tile adds the partial sums in
     // split order (deterministic), writes y, zeroes them and re-arms the counter.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(&p.counters[tile], 1u) == (unsigned)(p.split_k - 1);
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
+    if (!last_split_to_arrive(&p.counters[tile], p.split_k, s_last)) return;
     const int rows = t.r_end - t.r_begin;
     for (int i = threadIdx.x; i < p.m_valid * rows; i += kThreads) {
         const int m = i / rows, n = t.r_begin + (i - m * rows);
-        volatile float* part = p.partial + (int64_t)m * p.n + n;
-        float sum = 0.0f;
-        for (int s = 0; s < p.split_k; ++s) {   // read, then cleared: the call leaves its workspace zeroed
-            sum += part[(int64_t)s * MT * p.n];
-            part[(int64_t)s * MT * p.n] = 0.0f;
-        }
+        const float sum = sum_and_clear_splits(p.partial + (int64_t)m * p.n + n, (int64_t)MT * p.n, p.split_k);
         store_y(p.y, m * p.ldy + n, sum + bias_at(p.bias, n), p.y_dtype);
     }
     if (threadIdx.x == 0) p.counters[tile] = 0;

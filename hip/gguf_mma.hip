@@ -580,21 +580,11 @@ __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
 
     // K split: the last block of this row tile to arrive adds the partial sums in split
     // order, writes y, zeroes the partial sums it read and re-arms the counter.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last_tile = atomicAdd(&p.tile_count[blockIdx.x], 1u) == (unsigned)(p.split_k - 1);
-    __syncthreads();
-    if (!s_last_tile) return;
-    __threadfence();
+    if (!gguf::last_split_to_arrive(&p.tile_count[blockIdx.x], p.split_k, s_last_tile)) return;
     for (int i = threadIdx.x; i < p.m_valid * S::ROWS; i += kThreads) {
         const int m = i / S::ROWS, n = row0 + i % S::ROWS;
         if (n >= p.n) continue;
-        volatile float* part = p.partial + (int64_t)m * p.n + n;
-        float sum = 0.0f;
-        for (int s = 0; s < p.split_k; ++s) {
-            sum += part[(int64_t)s * MP * p.n];
-            part[(int64_t)s * MP * p.n] = 0.0f;
-        }
+        const float sum = gguf::sum_and_clear_splits(p.partial + (int64_t)m * p.n + n, (int64_t)MP * p.n, p.split_k);
         store_y(p.y, m * p.ldy + n, sum + bias_at(p.bias, n), p.y_dtype);
     }
     if (threadIdx.x == 0) p.tile_count[blockIdx.x] = 0;
