@@ -54,7 +54,7 @@ import numpy as np
 
 from . import _lib
 from .device import DeviceArray, _err, gpu_context
-from .formats import int4 as _int4, int4_frag as _frag, mxfp4_frag as _mxfrag
+from .formats import gguf_frag as _ggfrag, int4 as _int4, int4_frag as _frag, mxfp4_frag as _mxfrag
 from .weights import GGUFWeight, Int4Weight, MXFP4Weight, _aligned_host, _to_host
 
 __all__ = ["AXES", "Copy", "Plan", "axes", "rule", "plan", "shard"]
@@ -151,14 +151,14 @@ def _describe(w) -> str:
             return f"a frag-layout int4 weight (group_size={w.group_size})"
         return f"an int4 weight with group_size={w.group_size}"
     if isinstance(w, GGUFWeight):
-        return f"a {w.format} weight"
+        return f"a frag-layout {w.format} weight" if w.layout == "frag" else f"a {w.format} weight"
     return "a frag-layout mxfp4 weight" if w.layout == "frag" else "an mxfp4 weight"
 
 
 def rule(w, axis) -> tuple[int, str]:
     """(granule, why): the cuts along `axis` must fall on multiples of granule."""
     name = _axis_name(w, axis)
-    if getattr(w, "layout", None) == "frag":  # int4 or mxfp4: the same planes
+    if getattr(w, "layout", None) == "frag":  # int4, mxfp4 or gguf q4_0: the same planes
         return {"n": (_frag.ROW_BLOCK, "whole 16-row blocks of the frag planes"),
                 "k": (_frag.K_CHUNK, "whole 128-k chunks of the frag planes")}[name]
     if isinstance(w, Int4Weight):
@@ -251,6 +251,10 @@ def plan(w, axis, parts, index) -> Plan:
             _int4_copies(w, name, start, stop)
     elif isinstance(w, MXFP4Weight) and w.layout == "frag":
         copies = _frag_copies(w, _mxfrag.plane_shapes(*w.shape), {"blocks": 4, "scales": 2}, "blocks",
+                              name, start, stop)
+    elif isinstance(w, GGUFWeight) and w.layout == "frag":  # the W4A16 planes of G = 32, as MXFP4's
+        planes = _ggfrag.plane_shapes(w.format, *w.shape)
+        copies = _frag_copies(w, {"raw": planes["w"], "scales": planes["scales"]}, {"raw": 4, "scales": 2}, "raw",
                               name, start, stop)
     elif isinstance(w, GGUFWeight):
         n, row_bytes = int(w.raw.shape[0]), int(w.raw.shape[1])
@@ -368,18 +372,19 @@ def shard(w, axis, parts, index):
     ctx = w.ctx
     if ctx is None and w.is_device:  # foreign device arrays (CuPy, torch): the GPU context
         ctx = gpu_context()
-    if isinstance(w, GGUFWeight) and p.axis == "k" and not isinstance(w.raw, np.ndarray):
+    if isinstance(w, GGUFWeight) and w.layout == "canonical" and p.axis == "k" and not isinstance(w.raw, np.ndarray):
         # through the host, then rows padded as to_device() pads them (when the source's are)
         host = {c.component: _host_slice(_to_host(getattr(w, c.component), ctx), c) for c in p.copies}
         return GGUFWeight(w.format, host["raw"], p.shape, bias=host.get("bias")).to_device(
-            ctx, row_align=16 if w.ldw % 16 == 0 else None)
+            ctx, layout="canonical", row_align=16 if w.ldw % 16 == 0 else None)
     arrays = {c.component: _take(getattr(w, c.component), c, ctx) for c in p.copies}
     if isinstance(w, Int4Weight):
         frag = w.layout == "frag"
         return Int4Weight(arrays["qweight"], arrays["scales"], arrays.get("qzeros"), w.group_size,
                           layout=w.layout, shape=p.shape if frag else None, bias=arrays.get("bias"))
     if isinstance(w, GGUFWeight):
-        return GGUFWeight(w.format, arrays["raw"], p.shape, bias=arrays.get("bias"))
+        return GGUFWeight(w.format, arrays["raw"], p.shape, bias=arrays.get("bias"), layout=w.layout,
+                          scales=arrays.get("scales"))
     assert isinstance(w, MXFP4Weight)
     return MXFP4Weight(arrays["blocks"], arrays["scales"], arrays.get("bias"), layout=w.layout,
                        shape=p.shape if w.layout == "frag" else None)

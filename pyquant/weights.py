@@ -202,7 +202,7 @@ class _Weight:
         equal parts or a list of sizes. The result is a weight of the same class, format
         and layout holding that slice (copies), where this one lives. A cut that would
         split a packed word, a group or a block is refused naming the rule: int4 N at
-        multiples of 8 and K of group_size; frag (int4, mxfp4) N of 16 and K of 128 (the frag shard is
+        multiples of 8 and K of group_size; frag (int4, mxfp4, q4_0) N of 16 and K of 128 (the frag shard is
         then byte for byte the repack of the canonical shard); GGUF K of its block; MXFP4
         K of 32 (row-parallel parts after part 0 drop the bias). pyquant.shard.plan() lists
         the byte copies; docs/tensor-parallel.md."""

@@ -726,9 +726,9 @@ def reads_field(struct_type, spec, field: str) -> bool:
 
 # Sizes of the older versions of the structs that have grown, oldest first (include/quantgemm.h:
 # argument structs only grow; a caller built against an older version passes its size).
-# qg_w4a16_gemm_args: 128, then layout (136), then bias; qg_gguf_gemm_args: 112, then bias;
-# qg_mxfp4_gemm_args: 120, then layout.
-OLDER_SIZES = {L.qg_w4a16_gemm_args: (128, 136), L.qg_gguf_gemm_args: (112,), L.qg_mxfp4_gemm_args: (120,)}
+# qg_w4a16_gemm_args: 128, then layout (136), then bias; qg_gguf_gemm_args: 112, then bias (128),
+# then w_scales and layout; qg_mxfp4_gemm_args: 120, then layout.
+OLDER_SIZES = {L.qg_w4a16_gemm_args: (128, 136), L.qg_gguf_gemm_args: (112, 128), L.qg_mxfp4_gemm_args: (120,)}
 
 
 def common_expect(exp, spec, struct_type):

@@ -227,3 +227,25 @@ def test_gemm_refuses_a_bad_layout_and_misaligned_planes(rng, poisoned_output):
     planes[fw.nbytes: fw.nbytes + fs.nbytes] = fs.reshape(-1).view(np.uint8)
     call()
     assert np.isfinite(y).all()
+
+
+def test_frag_shard_is_the_repack_of_the_canonical_shard(rng, assert_bitwise_equal):
+    """As for int4 and mxfp4 frag (tests/test_shard.py, tests/test_mxfp4_frag_layout.py): cuts on
+    16-row blocks and 128-k chunks; N = 40 and K = 352 are padded in the planes (to 48 and 384)
+    and the last part keeps that padding, as the repack of its canonical shard pads it. The
+    shard keeps the layout, the bias goes with n parts and to k part 0. Other cuts are refused,
+    naming the rule."""
+    n, k = 40, 352
+    w = pyquant.from_gguf("q4_0", _raw(rng, n, k), shape=(n, k)).with_bias(rng.standard_normal(n).astype(np.float32))
+    f = w.repack()
+    for axis, parts in (("n", [16, 24]), ("n", [32, 8]), ("k", [128, 224]), ("k", [256, 96]), ("k", 1)):
+        for i in range(parts if isinstance(parts, int) else len(parts)):
+            got, canon = f.shard(axis, parts, i), w.shard(axis, parts, i)
+            assert got.layout == "frag" and got.shape == canon.shape
+            ref_w, ref_s = GF.repack("q4_0", np.asarray(canon.raw))
+            assert_bitwise_equal(np.asarray(got.raw).reshape(ref_w.shape), ref_w, f"{axis} {parts} part {i} w")
+            assert_bitwise_equal(np.asarray(got.scales).reshape(ref_s.shape).view(np.uint16), ref_s.view(np.uint16),
+                                 f"{axis} {parts} part {i} scales")
+            assert (got.bias is None) == (canon.bias is None)
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"frag-layout q4_0 weight must cut K at multiples of 128"):
+        f.shard("k", [96, 256], 0)
