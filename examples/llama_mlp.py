@@ -38,7 +38,7 @@ def silu_glu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 class MLP:
     """The block's weights, on the device when there is one."""
 
-    def __init__(self, ckpt, layer: int):
+    def __init__(self, ckpt, layer: int, x_dtype=np.float32):
         p = f"blk.{layer}."
         missing = [n for n in ("ffn_gate", "ffn_up", "ffn_down") if p + n + ".weight" not in ckpt]
         if missing:
@@ -50,8 +50,10 @@ class MLP:
         self.eps = float(ckpt.metadata.get("llama.attention.layer_norm_rms_epsilon", 1e-5))
         self.gpu = pyquant.gpu_available()
         if self.gpu:  # one copy of each weight in device memory, rows padded for the GPU tier
+            # (q4_0 repacked for the frag kernels, which take 16-bit x: fp32 x keeps the blocks)
             ctx = pyquant.gpu_context()
-            self.gate, self.up, self.down = (w.to_device(ctx) for w in (self.gate, self.up, self.down))
+            layout = "canonical" if np.dtype(x_dtype) == np.float32 else "auto"
+            self.gate, self.up, self.down = (w.to_device(ctx, layout=layout) for w in (self.gate, self.up, self.down))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         n = rms_norm(x, self.norm, self.eps).astype(x.dtype)
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     ckpt = pyquant.load_gguf(args.file)
-    mlp = MLP(ckpt, args.layer)
+    mlp = MLP(ckpt, args.layer, DTYPES[args.dtype])
     hidden = mlp.gate.shape[1]
     x = np.random.default_rng(0).standard_normal((args.tokens, hidden)).astype(DTYPES[args.dtype])
     h = mlp(x)
