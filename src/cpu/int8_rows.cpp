@@ -188,32 +188,45 @@ QG_AVX2_INLINE void GgufRows<block_q4_0>::codes(int i, int64_t fb, __m256i& lo, 
     nibbles_lo_hi(at2(i, fb, offsetof(block_q4_0, qs)), lo, hi);
 }
 
-// q4_K: the 6-bit scales and mins of the 8 sub-blocks as bytes (ggml's kmask trick on the
-// 12 scale bytes; the same values as q4_K_scale_min), times d and dmin for each row.
+// q4_K: the 6-bit scales and mins of the 8 sub-blocks (ggml's kmask steps on the 12 scale
+// bytes; the same values as q4_K_scale_min), times d and dmin, for the 8 rows at once: the
+// scale words u0, u1, u2 of row r in lane r of three vectors (a 4 x 4 dword transpose within
+// the 128-bit lanes of rows (i, i + 4)), the kmask steps once on them, then byte k of each
+// result word converted and multiplied by the row's d (dmin) in place, so sw[j * 8 + r]
+// comes out with no transpose. Per row, scalar kmask steps and a 16-byte load of 4 dword
+// stores (a store-forwarding miss) had been ~40 % of the M = 1 kernel (bench/NOTES.md,
+// stop 21 round 2). The products d * s are the same: the same bits.
 template <>
 const int GgufRows<block_q4_K>::MAX_CODE = 15;
 template <>
 QG_AVX2_INLINE unsigned GgufRows<block_q4_K>::scales8(int64_t fb, float* sw, float* mw, int32_t*) const {
     const __m256 d = f16_rows(*this, fb, offsetof(block_q4_K, d));
     const __m256 dmin = f16_rows(*this, fb, offsetof(block_q4_K, dmin));
-    alignas(32) float dr[GROUP], mr[GROUP];
-    _mm256_store_ps(dr, d);
-    _mm256_store_ps(mr, dmin);
-    __m256 sc[GROUP], mn[GROUP];
-    for (int r = 0; r < GROUP; ++r) {
-        uint32_t u[3], t[4];
-        memcpy(u, at(r, fb) + offsetof(block_q4_K, scales), 12);
-        t[0] = u[0] & 0x3f3f3f3fu;                                                // sc 0..3
-        t[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);         // sc 4..7
-        t[2] = u[1] & 0x3f3f3f3fu;                                                // m 0..3
-        t[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // m 4..7
-        const __m128i bytes = _mm_loadu_si128((const __m128i*)t);
-        sc[r] = _mm256_mul_ps(_mm256_broadcast_ss(dr + r), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
-        mn[r] = _mm256_mul_ps(_mm256_broadcast_ss(mr + r),
-                              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))));
+    // 16 bytes from `scales`: its 12 and the first 4 of qs (unused), inside the block
+    static_assert(offsetof(block_q4_K, scales) + 16 <= sizeof(block_q4_K), "q4_K scales8 reads 16 bytes");
+    __m256i v[4];
+    for (int i = 0; i < 4; ++i) v[i] = at2(i, fb, offsetof(block_q4_K, scales));  // [u0 u1 u2 - | row i + 4's]
+    const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3);  // lane r: word 0 / 1 / 2 of row r
+    const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4 = _mm256_set1_epi32(0x0f0f0f0f);
+    const __m256i m2 = _mm256_set1_epi32(0x03030303);
+    const __m256i w[4] = {
+        _mm256_and_si256(u0, m6),  // sc 0..3
+        _mm256_or_si256(_mm256_and_si256(u2, m4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), m2), 4)),
+        _mm256_and_si256(u1, m6),  // m 0..3
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4),
+                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), m2), 4))};
+    const __m256i ff = _mm256_set1_epi32(0xff);
+    for (int q = 0; q < 4; ++q) {  // w[q]: sub-blocks 4 (q & 1) .. + 3 of the scales (q < 2) or mins
+        float* out = (q < 2 ? sw : mw) + 4 * (q & 1) * GROUP;
+        const __m256 dd = q < 2 ? d : dmin;
+        for (int k = 0; k < 4; ++k) {
+            const __m256i byte = _mm256_and_si256(_mm256_srli_epi32(w[q], 8 * k), ff);
+            _mm256_store_ps(out + k * GROUP, _mm256_mul_ps(dd, _mm256_cvtepi32_ps(byte)));
+        }
     }
-    transpose8(sc, sw);
-    transpose8(mn, mw);
     return finite_mask(d) & finite_mask(dmin);
 }
 template <>
