@@ -585,11 +585,10 @@ class GGUFWeight(_TwoLayouts):
             raise _err(f"shape={(n, k)}: N and K must be positive and K a multiple of the "
                        f"{self.spec.block_elems}-element {self.spec.name} block")
         self.shape = (n, k)
+        planes = _ggfrag.plane_shapes(self.format, n, k)
         arrays = _frag_planes({"raw": (raw, _PACKED_INT_DTYPES, False),
                                "scales": (scales, (np.dtype(np.float16),), False)},
-                              {"raw": _ggfrag.plane_shapes(self.format, n, k)["w"],
-                               "scales": _ggfrag.plane_shapes(self.format, n, k)["scales"]},
-                              f"{self.spec.name} ({n}, {k})")
+                              {"raw": planes["w"], "scales": planes["scales"]}, f"{self.spec.name} ({n}, {k})")
         self.raw, self.scales = arrays["raw"], arrays["scales"]
 
     @property

@@ -352,6 +352,24 @@ qg_status check_w4a16_repack(const qg_w4a16_repack_args& a, bool pointers) {
     return QG_OK;
 }
 
+// The GGUF block format of a qg_format value (gemm and repack).
+qg_status check_gguf_format(int format, const GgufFormat** out) {
+    EnumText t;
+    *out = gguf_format(format);
+    QG_CHECK(format_name(format) != nullptr, "format=%s is not a qg_format value", t(nullptr, format));
+    QG_CHECK(*out != nullptr, "format=%s is not a GGUF block format (%s)", format_name(format), qg::kGgufFormatNames);
+    return QG_OK;
+}
+
+// The row stride of the .gguf blocks of a [*, k] weight (gemm on the block layout, repack).
+qg_status check_gguf_rows(const GgufFormat* f, int64_t k, int64_t ldw) {
+    const int64_t row_bytes = k / f->elems * f->bytes;
+    QG_CHECK(ldw >= row_bytes, "ldw=%lld < %lld bytes per row (k=%lld is %lld %s blocks of %d bytes)", (ll)ldw,
+             (ll)row_bytes, (ll)k, (ll)(k / f->elems), f->name, f->bytes);
+    QG_CHECK(ldw % 2 == 0, "ldw=%lld is odd: GGUF rows must start 2-byte aligned (fp16 scales)", (ll)ldw);
+    return QG_OK;
+}
+
 // The frag layout of a GGUF format (qg_gguf_repack): Q4_0 only so far.
 qg_status check_gguf_frag_format(const GgufFormat* f) {
     QG_CHECK(f->format == QG_FORMAT_Q4_0, "format=%s has no frag layout yet (QG_GGUF_LAYOUT_FRAG: q4_0 only)", f->name);
@@ -361,9 +379,8 @@ qg_status check_gguf_frag_format(const GgufFormat* f) {
 qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     QG_CHECK(a.m >= 0, "m=%lld is negative", (ll)a.m);
     EnumText t;
-    const GgufFormat* f = gguf_format(a.format);
-    QG_CHECK(format_name(a.format) != nullptr, "format=%s is not a qg_format value", t(nullptr, a.format));
-    QG_CHECK(f != nullptr, "format=%s is not a GGUF block format (%s)", format_name(a.format), qg::kGgufFormatNames);
+    const GgufFormat* f = nullptr;
+    QG_TRY(check_gguf_format(a.format, &f));
     QG_CHECK(a.layout == QG_GGUF_LAYOUT_BLOCKS || a.layout == QG_GGUF_LAYOUT_FRAG,
              "layout=%s is not a qg_gguf_layout value (0 blocks, 1 frag)", t(nullptr, a.layout));
     const bool frag = a.layout == QG_GGUF_LAYOUT_FRAG;
@@ -373,12 +390,7 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name,
              f->elems);
     QG_CHECK(a.k / f->elems <= INT64_MAX / f->bytes, "k=%lld is too large: a row's bytes overflow int64", (ll)a.k);
-    const int64_t row_bytes = a.k / f->elems * f->bytes;
-    if (!frag) {  // the frag planes have no row stride
-        QG_CHECK(a.ldw >= row_bytes, "ldw=%lld < %lld bytes per row (k=%lld is %lld %s blocks of %d bytes)", (ll)a.ldw,
-                 (ll)row_bytes, (ll)a.k, (ll)(a.k / f->elems), f->name, f->bytes);
-        QG_CHECK(a.ldw % 2 == 0, "ldw=%lld is odd: GGUF rows must start 2-byte aligned (fp16 scales)", (ll)a.ldw);
-    }
+    if (!frag) QG_TRY(check_gguf_rows(f, a.k, a.ldw));  // the frag planes have no row stride
     QG_TRY(check_dtype("x_dtype", a.x_dtype, kF32 | kF16 | kBF16, "GGUF GEMM (fp32, fp16 or bf16)"));
     QG_TRY(check_y_dtype("y_dtype", a.y_dtype, "x_dtype", a.x_dtype));
     QG_TRY(check_bias(a.bias, a.bias_dtype, "GGUF bias", false));
@@ -409,25 +421,21 @@ qg_status check_gguf_repack(const qg_gguf_repack_args& a, bool pointers) {
     EnumText t;
     QG_CHECK(a.layout == QG_GGUF_LAYOUT_FRAG, "layout=%s: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG (1) only",
              t(a.layout == QG_GGUF_LAYOUT_BLOCKS ? "QG_GGUF_LAYOUT_BLOCKS" : nullptr, a.layout));
-    const GgufFormat* f = gguf_format(a.format);
-    QG_CHECK(format_name(a.format) != nullptr, "format=%s is not a qg_format value", t(nullptr, a.format));
-    QG_CHECK(f != nullptr, "format=%s is not a GGUF block format (%s)", format_name(a.format), qg::kGgufFormatNames);
+    const GgufFormat* f = nullptr;
+    QG_TRY(check_gguf_format(a.format, &f));
     QG_TRY(check_gguf_frag_format(f));
     QG_TRY(check_positive("n", a.n));
     QG_TRY(check_positive("k", a.k));
     QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name, f->elems);
     QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "out_w (k/2 bytes per padded row)", a.n + qg::frag::kRowBlock, 1));
     if (!pointers) return QG_OK;
-    const int64_t row_bytes = a.k / f->elems * f->bytes;
-    QG_CHECK(a.ldw >= row_bytes, "ldw=%lld < %lld bytes per row (k=%lld is %lld %s blocks of %d bytes)", (ll)a.ldw,
-             (ll)row_bytes, (ll)a.k, (ll)(a.k / f->elems), f->name, f->bytes);
-    QG_CHECK(a.ldw % 2 == 0, "ldw=%lld is odd: GGUF rows must start 2-byte aligned (fp16 scales)", (ll)a.ldw);
+    QG_TRY(check_gguf_rows(f, a.k, a.ldw));
     QG_TRY(check_extent("ldw", a.ldw, "w", a.n, 1));
     QG_TRY(check_ptr(a.w, "w", 2, "GGUF blocks hold fp16 scales"));
     QG_TRY(check_ptr(a.out_w, "out_w", 16, "frag layout: 16-byte fragment loads"));
     QG_TRY(check_ptr(a.out_scales, "out_scales", 16, "frag layout: 16-byte scale records"));
     const qg::frag::Geometry geo(a.n, a.k, 32);
-    const size_t in_w = (size_t)(a.n - 1) * (size_t)a.ldw + (size_t)row_bytes;
+    const size_t in_w = (size_t)(a.n - 1) * (size_t)a.ldw + (size_t)(a.k / f->elems * f->bytes);
     const size_t out_w = (size_t)geo.qweight_bytes(), out_s = (size_t)geo.scales_bytes();
     QG_CHECK(disjoint(a.out_w, out_w, a.w, in_w), "out_w overlaps w (the repack reads the blocks while it writes)");
     QG_CHECK(disjoint(a.out_scales, out_s, a.w, in_w), "out_scales overlaps w (the repack reads the blocks while it writes)");

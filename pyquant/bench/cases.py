@@ -129,14 +129,18 @@ def gguf_keeps_blocks(case: Case) -> bool:
     return case.family == "gguf" and (case.variant.endswith(GGUF_BLOCKS) or act_dtype(case) == "fp32")
 
 
+def _gguf_blocks_dtype(variant: str) -> str | None:
+    """The activation dtype of a gguf `{dtype}-blocks` variant, else None."""
+    return variant[: -len(GGUF_BLOCKS)] if variant.endswith(GGUF_BLOCKS) else None
+
+
 def act_dtype(case: Case) -> str:
     """Activation (and output) dtype name of a case."""
     if case.family == "w4a16":
         return parse_w4a16_variant(case.variant).dtype
     if case.family == "moe":
         return MOE_ACT_DTYPE
-    dtype = case.variant[: -len(GGUF_BLOCKS)] if case.family == "gguf" and case.variant.endswith(GGUF_BLOCKS) \
-        else case.variant
+    dtype = (case.family == "gguf" and _gguf_blocks_dtype(case.variant)) or case.variant
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"{case.family} variant {case.variant!r} is not an activation dtype "
                          f"({', '.join(DTYPE_BYTES)})")
@@ -150,7 +154,7 @@ def check_variant(family: str, variant: str) -> None:
     elif family == "moe":
         if variant not in MOE_MODELS:
             raise ValueError(f"moe variant {variant!r} is not one of {', '.join(MOE_MODELS)}")
-    elif family == "gguf" and variant.endswith(GGUF_BLOCKS) and variant[: -len(GGUF_BLOCKS)] in DTYPE_BYTES:
+    elif family == "gguf" and _gguf_blocks_dtype(variant) in DTYPE_BYTES:
         return
     elif variant not in DTYPE_BYTES:
         raise ValueError(f"{family} variant {variant!r} is not one of {', '.join(DTYPE_BYTES)}"
