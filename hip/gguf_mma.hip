@@ -580,11 +580,11 @@ __global__ void __launch_bounds__(kThreads) gguf_mma_kernel(const MmaParams p)
 
     // K split: the last block of this row tile to arrive adds the partial sums in split
     // order, writes y, zeroes the partial sums it read and re-arms the counter.
-    if (!gguf::last_split_to_arrive(&p.tile_count[blockIdx.x], p.split_k, s_last_tile)) return;
+    if (!last_split_to_arrive(&p.tile_count[blockIdx.x], p.split_k, s_last_tile)) return;
     for (int i = threadIdx.x; i < p.m_valid * S::ROWS; i += kThreads) {
         const int m = i / S::ROWS, n = row0 + i % S::ROWS;
         if (n >= p.n) continue;
-        const float sum = gguf::sum_and_clear_splits(p.partial + (int64_t)m * p.n + n, (int64_t)MP * p.n, p.split_k);
+        const float sum = sum_and_clear_splits(p.partial + (int64_t)m * p.n + n, (int64_t)MP * p.n, p.split_k);
         store_y(p.y, m * p.ldy + n, sum + bias_at(p.bias, n), p.y_dtype);
     }
     if (threadIdx.x == 0) p.tile_count[blockIdx.x] = 0;

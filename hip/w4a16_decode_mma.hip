@@ -14,6 +14,7 @@
 
 #include "compat.h"
 #include "mma.h"
+#include "splitk.h"
 #include "w4a16_kernels.h"
 
 namespace qg {
@@ -83,7 +84,7 @@ template <int XT, int MT, int G>
 __global__ void __launch_bounds__(MMA_THREADS) decode_mma(const Params p) {
 #if defined(QG_HAS_MMA_SYNC)
     extern __shared__ __align__(16) unsigned char smem[];   // STAGES x stage_bytes(MT)
-    __shared__ unsigned last_block;
+    __shared__ int last_block;
 
     const int tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
@@ -326,24 +327,14 @@ __global__ void __launch_bounds__(MMA_THREADS) decode_mma(const Params p) {
                 if (m < p.m) part[m * ROWS_PER_BLOCK + r] = acc[mt][i];
                 acc[mt][i] = 0.f;
             }
-        __threadfence();
-        __syncthreads();
-        if (tid == 0)
-            last_block = atomicAdd(&p.counters[cur_rb], 1u) == static_cast<unsigned>(contributors - 1);
-        __syncthreads();
-        if (last_block) {
-            __threadfence();
-            // Each slot is cleared once read: the call leaves its whole workspace zeroed, so
-            // a later call with another shape (whose counters may lie where these partial
-            // sums were) finds zeros.
-            volatile float* vpart =
-                p.partial + static_cast<int64_t>(cur_rb) * p.max_contributors * (16 * ROWS_PER_BLOCK);
+        // the last contributor to arrive (hip/splitk.h: one release add, one acquire fence)
+        // adds the slots in order, eight contributors' loads at once, and clears each once
+        // read: the call leaves its whole workspace zeroed, so a later call with another
+        // shape (whose counters may lie where these partial sums were) finds zeros.
+        if (last_split_to_arrive(&p.counters[cur_rb], contributors, last_block)) {
+            float* tile = p.partial + static_cast<int64_t>(cur_rb) * p.max_contributors * (16 * ROWS_PER_BLOCK);
             for (int i = tid; i < p.m * ROWS_PER_BLOCK; i += MMA_THREADS) {
-                float v = 0.f;
-                for (int c = 0; c < contributors; ++c) {
-                    v += vpart[c * (16 * ROWS_PER_BLOCK) + i];
-                    vpart[c * (16 * ROWS_PER_BLOCK) + i] = 0.f;
-                }
+                const float v = sum_and_clear_splits(tile + i, 16 * ROWS_PER_BLOCK, contributors);
                 const int n = n_block + i % ROWS_PER_BLOCK;
                 if (n < p.n) store_out(p.y, (i / ROWS_PER_BLOCK) * p.ldy + n, v + bias_at(p.bias, n), p.y_type);
             }
