@@ -244,6 +244,10 @@ def plan(w, axis, parts, index) -> Plan:
     sizes) along `axis` ("n", "k", "expert", or an index into w.shape) of weight w."""
     name = _axis_name(w, axis)
     _check_valid(w)
+    if isinstance(w, GGUFWeight) and w.layout == "frag" and w.format != "q4_0":
+        raise _err(f"a frag-layout {w.format} weight does not shard (its scales plane holds the records and "
+                   "the super-block words in one array); shard the block weight and repack each part: "
+                   "w.repack('canonical').shard(...).repack() on host weights")
     start, stop, count = _bounds(w, name, parts, index)
     shape = tuple(stop - start if a == name else s for a, s in zip(axes(w), w.shape))
     if isinstance(w, Int4Weight):

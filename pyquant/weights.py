@@ -511,11 +511,11 @@ class GGUFWeight(_TwoLayouts):
     a .gguf file stores them. A numpy `raw` whose rows are padded (row stride > row bytes) is
     passed with that stride as ldw.
 
-    layout="frag" (q4_0 so far; made by .repack() or .to_device() on a GPU context;
+    layout="frag" (q4_0 and q4_K; made by .repack() or .to_device() on a GPU context;
     pyquant.formats.gguf_frag, docs/gguf-layout.md): raw is the int32 weights plane and
-    scales the float16 scales plane that qg_gguf_repack writes, the W4A16 frag planes of
-    G = 32 that the GPU decode and prefill kernels read (fp16 or bf16 x there; fp32 x takes
-    the block layout). Requires shape=(N, K).
+    scales the scales plane that qg_gguf_repack writes (float16 for q4_0, uint16 for q4_K:
+    gguf_frag.scales_dtype), the W4A16 frag planes of G = 32 that the GPU decode and prefill
+    kernels read (fp16 or bf16 x there; fp32 x takes the block layout). Requires shape=(N, K).
 
     Optional bias [N] (float32, float16 or bfloat16; the file's <name>.bias beside
     <name>.weight), added by pyquant.gemm, in either layout."""
@@ -587,7 +587,7 @@ class GGUFWeight(_TwoLayouts):
         self.shape = (n, k)
         planes = _ggfrag.plane_shapes(self.format, n, k)
         arrays = _frag_planes({"raw": (raw, _PACKED_INT_DTYPES, False),
-                               "scales": (scales, (np.dtype(np.float16),), False)},
+                               "scales": (scales, (_ggfrag.scales_dtype(self.format),), False)},
                               {"raw": planes["w"], "scales": planes["scales"]}, f"{self.spec.name} ({n}, {k})")
         self.raw, self.scales = arrays["raw"], arrays["scales"]
 
@@ -636,7 +636,7 @@ class GGUFWeight(_TwoLayouts):
         _lib.qg_gguf_repack_size(ctypes.byref(args), ctypes.byref(nw), ctypes.byref(ns))
         planes = _ggfrag.plane_shapes(self.format, n, k)
         out_w = _out_plane(planes["w"], np.int32, nw.value, ctx, in_ctx)
-        out_s = _out_plane(planes["scales"], np.float16, ns.value, ctx, in_ctx)
+        out_s = _out_plane(planes["scales"], _ggfrag.scales_dtype(self.format), ns.value, ctx, in_ctx)
         args.w = _address(self.raw)
         args.out_w, args.out_scales = _address(out_w), _address(out_s)
         _lib.qg_gguf_repack(ctx.handle, ctypes.byref(args), stream_handle(stream))
@@ -645,7 +645,7 @@ class GGUFWeight(_TwoLayouts):
     def to_device(self, ctx: Context | None = None, layout: str = "auto", stream=None,
                   row_align: int | None = 16):
         """The same weight in `ctx` (default_context()). layout="auto" gives a GPU context the
-        frag layout where the format has one (q4_0: repacked there, on `stream`: what the GPU
+        frag layout where the format has one (q4_0, q4_K: repacked there, on `stream`: what the GPU
         decode and prefill kernels read) and keeps the layout otherwise; "canonical" or "frag"
         asks for one. A canonical weight's rows start `row_align` bytes after the previous one
         (blocks unchanged; the zero padding is never read), so that the GPU decode tier copies

@@ -19,6 +19,7 @@
 #include "dtypes.h"
 #include "formats/blocks.h"
 #include "formats/gguf_formats.h"
+#include "formats/gguf_frag.h"
 #include "formats/w4a16_frag.h"
 #include "moe_sizes.h"
 #include "quantgemm.h"
@@ -370,9 +371,10 @@ qg_status check_gguf_rows(const GgufFormat* f, int64_t k, int64_t ldw) {
     return QG_OK;
 }
 
-// The frag layout of a GGUF format (qg_gguf_repack): Q4_0 only so far.
+// The frag layout of a GGUF format (qg_gguf_repack): Q4_0 and Q4_K so far.
 qg_status check_gguf_frag_format(const GgufFormat* f) {
-    QG_CHECK(f->format == QG_FORMAT_Q4_0, "format=%s has no frag layout yet (QG_GGUF_LAYOUT_FRAG: q4_0 only)", f->name);
+    QG_CHECK(qg::gguf_frag::has_frag_layout(f->format),
+             "format=%s has no frag layout yet (QG_GGUF_LAYOUT_FRAG: q4_0 and q4_K only)", f->name);
     return QG_OK;
 }
 
@@ -436,7 +438,7 @@ qg_status check_gguf_repack(const qg_gguf_repack_args& a, bool pointers) {
     QG_TRY(check_ptr(a.out_scales, "out_scales", 16, "frag layout: 16-byte scale records"));
     const qg::frag::Geometry geo(a.n, a.k, 32);
     const size_t in_w = (size_t)(a.n - 1) * (size_t)a.ldw + (size_t)(a.k / f->elems * f->bytes);
-    const size_t out_w = (size_t)geo.qweight_bytes(), out_s = (size_t)geo.scales_bytes();
+    const size_t out_w = (size_t)geo.qweight_bytes(), out_s = (size_t)qg::gguf_frag::scales_plane_bytes(a.format, geo);
     QG_CHECK(disjoint(a.out_w, out_w, a.w, in_w), "out_w overlaps w (the repack reads the blocks while it writes)");
     QG_CHECK(disjoint(a.out_scales, out_s, a.w, in_w), "out_scales overlaps w (the repack reads the blocks while it writes)");
     QG_CHECK(disjoint(a.out_scales, out_s, a.out_w, out_w), "out_scales overlaps out_w");
@@ -1407,7 +1409,7 @@ QG_API qg_status qg_gguf_repack_size(const qg_gguf_repack_args* args, size_t* w_
         QG_TRY(check_gguf_repack(a, false));
         const qg::frag::Geometry geo(a.n, a.k, 32);
         *w_bytes = (size_t)geo.qweight_bytes();
-        *scales_bytes = (size_t)geo.scales_bytes();
+        *scales_bytes = (size_t)qg::gguf_frag::scales_plane_bytes(a.format, geo);
         return QG_OK;
     });
 }

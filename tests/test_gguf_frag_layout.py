@@ -1,4 +1,4 @@
-"""The GGUF frag layout (pyquant.formats.gguf_frag, qg_gguf_repack) on the CPU. Q4_0 so far.
+"""The GGUF frag layout (pyquant.formats.gguf_frag, qg_gguf_repack) on the CPU: Q4_0 and Q4_K.
 
 1. The numpy reference against its definition: the weights plane is the W4A16 frag qweight
    plane (pyquant.formats.int4_frag, itself checked against the PTX fragment layout in
@@ -10,6 +10,9 @@
 3. The library's CPU repack writes the reference bytes, rows of any even stride ldw included.
 4. The CPU tier on a frag weight gives the block weight's output bit for bit (every x and
    output dtype, with and without a bias).
+Q4_K (section at the end): its planes against their definition (the codes plane as Q4_0's, the
+records sc | m << 8 where the W4A16 scales are, then d and dmin per super-block), round trips
+for every byte pattern of its blocks, the library's repack and the CPU tier on a frag weight.
 5. Refusals: formats without a frag layout, bad repack arguments (nothing written), fp32 x is
    fine on the CPU; pyquant's GGUFWeight(layout="frag") checks its planes.
 """
@@ -28,6 +31,7 @@ from pyquant.formats import gguf_frag as GF
 from pyquant.formats import int4
 from pyquant.formats import int4_frag as FR
 from pyquant.formats import q4_0
+from pyquant.formats import q4_k
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 # N = 40 pads to 48 rows, K = 224 (seven blocks) to 256; N = 1; K one chunk; a real K plus a block
@@ -89,16 +93,17 @@ def test_library_cpu_repack_matches_reference(rng, n, k, assert_bitwise_equal):
     assert r.repack("frag") is r
 
 
-def test_library_cpu_repack_reads_strided_rows(rng, assert_bitwise_equal):
+@pytest.mark.parametrize("fmt,n,k,ldw", [("q4_0", 24, 96, 64), ("q4_K", 9, 512, 304)])
+def test_library_cpu_repack_reads_strided_rows(rng, fmt, n, k, ldw, assert_bitwise_equal):
     """Rows of stride ldw > row bytes (to_device pads GGUF rows to 16 bytes): the same planes."""
-    n, k = 24, 96
-    raw = _raw(rng, n, k)
-    padded = np.zeros((n, 64), np.uint8)
-    padded[:, :54] = raw
-    r = pyquant.from_gguf("q4_0", padded[:, :54], shape=(n, k)).repack()
-    fw, fs = GF.repack("q4_0", raw)
-    assert_bitwise_equal(np.asarray(r.raw).reshape(fw.shape), fw, "weights plane, ldw = 64")
-    assert_bitwise_equal(np.asarray(r.scales).reshape(fs.shape).view(np.uint16), fs.view(np.uint16), "scales plane")
+    raw = _raw(rng, n, k) if fmt == "q4_0" else _raw_k(rng, n, k)
+    padded = np.zeros((n, ldw), np.uint8)
+    padded[:, :raw.shape[1]] = raw
+    r = pyquant.from_gguf(fmt, padded[:, :raw.shape[1]], shape=(n, k)).repack()
+    fw, fs = GF.repack(fmt, raw)
+    assert_bitwise_equal(np.asarray(r.raw).reshape(fw.shape), fw, f"weights plane, ldw = {ldw}")
+    assert_bitwise_equal(np.asarray(r.scales).reshape(-1).view(np.uint16), fs.reshape(-1).view(np.uint16),
+                         f"scales plane, ldw = {ldw}")
 
 
 X_DTYPES = [np.float32, np.float16, BF16]
@@ -122,9 +127,9 @@ def test_cpu_tier_on_frag_is_the_block_result(rng, x_dt, bias, assert_bitwise_eq
 
 
 def test_formats_without_a_frag_layout_are_refused(rng):
-    raw = pyquant.formats.get("q4_K").module.random_blocks(rng, 16, 256)
-    w = pyquant.from_gguf("q4_K", raw, shape=(16, 256))
-    with pytest.raises(pyquant.InvalidArgumentError, match=r"format 'q4_K' has no frag layout yet \(q4_0 only\)"):
+    raw = pyquant.formats.get("q6_K").module.random_blocks(rng, 16, 256)
+    w = pyquant.from_gguf("q6_K", raw, shape=(16, 256))
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"format 'q6_K' has no frag layout yet \(q4_0, q4_K only\)"):
         w.repack()
     assert w.to_device(pyquant.Context("cpu")).layout == "canonical"
     with pytest.raises(pyquant.InvalidArgumentError, match="no frag layout"):
@@ -172,7 +177,7 @@ def test_repack_size_is_the_plane_size():
     (dict(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_BLOCKS),
      r"layout=QG_GGUF_LAYOUT_BLOCKS: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG \(1\) only"),
     (dict(layout=7), r"layout=7: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG"),
-    (dict(format=_lib.Format.QG_FORMAT_Q4_K), r"format=Q4_K has no frag layout yet"),
+    (dict(format=_lib.Format.QG_FORMAT_Q6_K), r"format=Q6_K has no frag layout yet"),
     (dict(format=_lib.Format.QG_FORMAT_INT4), r"is not a GGUF block format"),
     (dict(k=100), r"k=100 is not a multiple of the Q4_0 block \(32 elements\)"),
     (dict(n=0), r"n=0 must be positive"),
@@ -249,3 +254,78 @@ def test_frag_shard_is_the_repack_of_the_canonical_shard(rng, assert_bitwise_equ
             assert (got.bias is None) == (canon.bias is None)
     with pytest.raises(pyquant.InvalidArgumentError, match=r"frag-layout q4_0 weight must cut K at multiples of 128"):
         f.shard("k", [96, 256], 0)
+
+
+# ---------------------------------------------------------------- Q4_K
+
+K_AWKWARD = [(40, 256), (1, 512), (16, 256), (7, 4096 + 256)]
+
+
+def _raw_k(rng, n, k):
+    """Q4_K blocks of random bytes: every code, scale and min bit pattern, every fp16 d and dmin
+    (NaN and inf included): the layout moves bits, so every pattern must survive."""
+    return rng.integers(0, 256, size=(n, k // 256 * q4_k.BLOCK_BYTES), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("n,k", K_AWKWARD)
+def test_q4_k_planes_are_their_definition(rng, n, k):
+    raw = _raw_k(rng, n, k)
+    fw, fs = GF.repack("q4_K", raw)
+    blocks = raw.reshape(n, k // 256, q4_k.BLOCK_BYTES)
+    np.testing.assert_array_equal(fw, FR.pack_nibbles(q4_k.unpack_quants(blocks).reshape(n, k)))
+    assert fs.dtype == np.uint16 and fs.shape == GF.plane_shapes("q4_K", n, k)["scales"]
+    sc, m = q4_k.unpack_scales_mins(blocks)
+    nrec = int(np.prod(FR.plane_shapes(n, k, 32)["scales"]))
+    want_rec = FR.pack_scales((sc.astype(np.uint16) | (m.astype(np.uint16) << 8)).reshape(n, -1), k, 32)
+    np.testing.assert_array_equal(fs[:nrec], want_rec.reshape(-1))
+    # the super-block part, element by element: [rb, sb, g, f, h] = field f of row 16 rb + g + 8 h
+    sb = fs[nrec:].reshape(-1, k // 256, 8, 2, 2)
+    fields = blocks[..., 0:4].copy().view("<u2")                       # [N, nb, 2]: d, dmin bits
+    for row in range(n):
+        for f in range(2):
+            np.testing.assert_array_equal(sb[row // 16, :, row % 8, f, (row % 16) // 8], fields[row, :, f])
+    pad = np.ones(sb.shape[0] * 16, bool)
+    pad[:n] = False
+    for row in np.nonzero(pad)[0]:
+        assert not sb[row // 16, :, row % 8, :, (row % 16) // 8].any(), f"padded row {row} has a field"
+
+
+@pytest.mark.parametrize("n,k", K_AWKWARD)
+def test_q4_k_round_trip_and_library_repack(rng, n, k, assert_bitwise_equal):
+    raw = _raw_k(rng, n, k)
+    fw, fs = GF.repack("q4_K", raw)
+    np.testing.assert_array_equal(GF.unpack("q4_K", fw, fs, n, k), raw)
+    r = pyquant.from_gguf("q4_K", raw, shape=(n, k)).repack()
+    assert r.layout == "frag" and r.scales.dtype == np.uint16
+    assert_bitwise_equal(np.asarray(r.raw).reshape(fw.shape), fw, f"q4_K weights plane {n}x{k}")
+    assert_bitwise_equal(np.asarray(r.scales).reshape(-1), fs, f"q4_K scales plane {n}x{k}")
+    assert_bitwise_equal(np.asarray(r.repack("canonical").raw), raw, "q4_K round trip through the library")
+    a = _lib.qg_gguf_repack_args(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG, format=_lib.Format.QG_FORMAT_Q4_K,
+                                 n=n, k=k)
+    nw, ns = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _lib.qg_gguf_repack_size(ctypes.byref(a), ctypes.byref(nw), ctypes.byref(ns))
+    assert (nw.value, ns.value) == (fw.nbytes, fs.nbytes)
+
+
+@pytest.mark.parametrize("x_dt", X_DTYPES, ids=["fp32", "fp16", "bf16"])
+def test_q4_k_cpu_tier_on_frag_is_the_block_result(rng, x_dt, assert_bitwise_equal):
+    n, k = 40, 512
+    raw = q4_k.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
+    w = pyquant.from_gguf("q4_K", raw, shape=(n, k)).with_bias(rng.standard_normal(n).astype(np.float32))
+    f = w.repack()
+    for m in (1, 3, 17):
+        x = rng.standard_normal((m, k)).astype(np.float32).astype(x_dt)
+        assert_bitwise_equal(pyquant.gemm(x, f), pyquant.gemm(x, w), f"q4_K frag vs blocks m={m} x={np.dtype(x_dt)}")
+    assert_bitwise_equal(f.dequantize(), w.dequantize(), "dequantize frag vs blocks")
+
+
+def test_q4_k_frag_refusals(rng):
+    n, k = 16, 256
+    fw, fs = GF.repack("q4_K", _raw_k(rng, n, k))
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"frag scales plane has dtype float16"):
+        pyquant.GGUFWeight("q4_K", fw, shape=(n, k), layout="frag", scales=fs.view(np.float16))
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"frag scales plane holds \d+ elements"):
+        pyquant.GGUFWeight("q4_K", fw, shape=(n, k), layout="frag", scales=fs[:-4])
+    f = pyquant.GGUFWeight("q4_K", fw, shape=(n, k), layout="frag", scales=fs)
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"frag-layout q4_K weight does not shard"):
+        f.shard("n", 1, 0)

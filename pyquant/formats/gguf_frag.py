@@ -1,17 +1,30 @@
 """GGUF "frag" layout: the numpy reference (specification) of qg_gguf_repack.
 
 The .gguf blocks are what files ship. The frag layout is the one-time repack that the W4A16
-frag decode and prefill kernels read (pyquant.formats.int4_frag, docs/w4a16-layout.md). Q4_0
-so far: its weight d * (q - 8) is exactly a W4A16 weight of G = 32, symmetric (zero-point 8),
+frag decode and prefill kernels read (pyquant.formats.int4_frag, docs/w4a16-layout.md). Both
+planes keep every bit of the blocks (nothing is rounded: unpack(repack(raw)) == raw for finite
+and non-finite fp16 fields alike); N is padded to 16 rows and K to 128 with code 0 and scale
+or record 0, which add exactly nothing.
+
+q4_0: its weight d * (q - 8) is exactly a W4A16 weight of G = 32, symmetric (zero-point 8),
 whose group scale is the block's fp16 d, so the two planes are
 
   w       int32 [RB, KT, 32, 4]        int4_frag.pack_nibbles of the codes q [N, K] (0..15)
   scales  float16 [RB, KC, 8, 4, 2]    int4_frag.pack_scales of d [N, K/32], bit for bit
 
-(RB = Np/16, KT = Kp/64, KC = Kp/128; N padded to 16 rows and K to 128 with q = 0 and scale 0,
-which add exactly nothing). Nothing is rounded: unpack(repack(raw)) == raw for finite and
-non-finite d alike. The library's CPU repack (src/gguf_layout.cpp) and GPU repack
-(hip/w4a16_repack.hip) must produce these bytes; docs/gguf-layout.md, "The frag layout".
+q4_K: its weight (d * sc) * q - (dmin * m) (the gguf package's float32 steps) has 6-bit
+integers sc, m per 32 elements and fp16 d, dmin per 256. The weights plane is q4_0's (the
+codes q in element order); the scales plane is uint16, one flat array of two parts:
+
+  records  [RB, KC, 8, 4, 2]      int4_frag.pack_scales of sc | m << 8 [N, K/32]
+  d, dmin  [RB, KC/2, 8, 2, 2]    [rb, sb, g, f, h] = the fp16 bits of d (f = 0) or dmin
+                                  (f = 1) of row 16 rb + g + 8 h, super-block sb
+
+so that a lane (row g of a 16-row block) finds its rows' records where the W4A16 scales are
+and, per 256 elements, one 8-byte word pair: d of rows g | g + 8 << 16, then dmin the same way.
+
+(RB = Np/16, KT = Kp/64, KC = Kp/128.) The library's CPU repack (src/gguf_layout.cpp) and GPU
+repack (hip/w4a16_repack.hip) must produce these bytes; docs/gguf-layout.md, "The frag layout".
 """
 from __future__ import annotations
 
@@ -20,11 +33,12 @@ import numpy as np
 from . import gguf_common as gc
 from . import int4_frag as _frag
 from . import q4_0 as _q4_0
+from . import q4_k as _q4_k
 
-__all__ = ["FORMATS", "GROUP", "plane_shapes", "repack", "unpack"]
+__all__ = ["FORMATS", "GROUP", "plane_shapes", "scales_dtype", "repack", "unpack", "split_q4_k", "decode_magnitudes"]
 
-FORMATS = ("q4_0",)   # the GGUF formats with a frag layout
-GROUP = 32            # one scale per 32 elements: the Q4_0 block
+FORMATS = ("q4_0", "q4_K")   # the GGUF formats with a frag layout
+GROUP = 32                   # one scale (q4_0) or record (q4_K) per 32 elements
 
 
 def _check_format(fmt: str) -> None:
@@ -32,31 +46,110 @@ def _check_format(fmt: str) -> None:
         raise ValueError(f"format {fmt!r} has no frag layout yet ({', '.join(FORMATS)} only)")
 
 
+def scales_dtype(fmt: str) -> np.dtype:
+    """The scales plane's dtype: float16 (q4_0's d) or uint16 (q4_K's integer records and fp16 bits)."""
+    _check_format(fmt)
+    return np.dtype(np.float16 if fmt == "q4_0" else np.uint16)
+
+
+def _q4_k_sb_shape(n: int, k: int) -> tuple:
+    rb, kc = _frag.plane_shapes(n, k, GROUP)["scales"][:2]
+    return (rb, kc // 2, 8, 2, 2)
+
+
 def plane_shapes(fmt: str, n: int, k: int) -> dict[str, tuple]:
-    """Shapes of the two planes (int32 words, float16 scales) of an [n, k] weight."""
+    """Shapes of the two planes (int32 words; the scales plane in scales_dtype) of an [n, k] weight."""
     _check_format(fmt)
     shapes = _frag.plane_shapes(n, k, GROUP)
-    return {"w": shapes["qweight"], "scales": shapes["scales"]}
+    if fmt == "q4_0":
+        return {"w": shapes["qweight"], "scales": shapes["scales"]}
+    return {"w": shapes["qweight"],
+            "scales": (int(np.prod(shapes["scales"])) + int(np.prod(_q4_k_sb_shape(n, k))),)}
+
+
+def _fields(blocks: np.ndarray, off: int) -> np.ndarray:
+    """The fp16 field at byte `off` of every block as its uint16 bits (moved as integers)."""
+    return np.ascontiguousarray(blocks[..., off:off + 2]).view("<u2")[..., 0]
+
+
+def _q4_k_sb_pack(d: np.ndarray, dmin: np.ndarray, n: int, k: int) -> np.ndarray:
+    """[N, K/256] d and dmin bits -> the super-block part [RB, KC/2, 8, 2, 2] (padding 0)."""
+    rb_, sb_ = _q4_k_sb_shape(n, k)[:2]
+    pad = np.zeros((2, rb_ * 16, sb_), np.uint16)
+    pad[0, :n], pad[1, :n] = d, dmin
+    # [f, rb, h, g, sb] -> [rb, sb, g, f, h]
+    return np.ascontiguousarray(pad.reshape(2, rb_, 2, 8, sb_).transpose(1, 4, 3, 0, 2))
 
 
 def repack(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """.gguf blocks uint8 [N, K/32 * 18] -> (w int32 [RB, KT, 32, 4], scales float16 [RB, KC, 8, 4, 2])."""
+    """.gguf blocks uint8 [N, row_bytes] -> (w int32 [RB, KT, 32, 4], the scales plane)."""
     _check_format(fmt)
-    blocks = gc.check_raw(raw, _q4_0.BLOCK_BYTES, _q4_0.NAME)
+    if fmt == "q4_0":
+        blocks = gc.check_raw(raw, _q4_0.BLOCK_BYTES, _q4_0.NAME)
+        n, nb, _ = blocks.shape
+        codes = _q4_0.unpack_quants(blocks).reshape(n, nb * _q4_0.BLOCK_ELEMS)
+        return _frag.pack_nibbles(codes), _frag.pack_scales(_fields(blocks, 0), nb * _q4_0.BLOCK_ELEMS, GROUP).view(np.float16)
+    blocks = gc.check_raw(raw, _q4_k.BLOCK_BYTES, _q4_k.NAME)
     n, nb, _ = blocks.shape
-    codes = _q4_0.unpack_quants(blocks).reshape(n, nb * _q4_0.BLOCK_ELEMS)
-    d = np.ascontiguousarray(blocks[..., 0:2]).view("<u2")[..., 0]   # [N, nb] fp16 bits, moved as integers
-    return _frag.pack_nibbles(codes), _frag.pack_scales(d, nb * _q4_0.BLOCK_ELEMS, GROUP).view(np.float16)
+    k = nb * _q4_k.BLOCK_ELEMS
+    codes = _q4_k.unpack_quants(blocks).reshape(n, k)
+    sc, m = _q4_k.unpack_scales_mins(blocks)                       # [N, nb, 8]
+    rec = (sc.astype(np.uint16) | (m.astype(np.uint16) << 8)).reshape(n, nb * 8)
+    records = _frag.pack_scales(rec, k, GROUP)
+    sb = _q4_k_sb_pack(_fields(blocks, 0), _fields(blocks, 2), n, k)
+    return _frag.pack_nibbles(codes), np.concatenate([records.reshape(-1), sb.reshape(-1)])
+
+
+def split_q4_k(scales: np.ndarray, n: int, k: int):
+    """A q4_K scales plane -> (sc [N, K/32] uint8, m [N, K/32] uint8, d [N, K/256] uint16 bits,
+    dmin [N, K/256] uint16 bits), padding dropped."""
+    flat = np.asarray(scales).reshape(-1).view(np.uint16)
+    nrec = int(np.prod(_frag.plane_shapes(n, k, GROUP)["scales"]))
+    rec = _frag.unpack_scales(flat[:nrec], n, k, GROUP)
+    rb_, sb_ = _q4_k_sb_shape(n, k)[:2]
+    pad = flat[nrec:].reshape(rb_, sb_, 8, 2, 2).transpose(3, 0, 4, 2, 1).reshape(2, rb_ * 16, sb_)
+    return ((rec & 0xFF).astype(np.uint8), (rec >> 8).astype(np.uint8),
+            np.ascontiguousarray(pad[0, :n, : k // 256]), np.ascontiguousarray(pad[1, :n, : k // 256]))
 
 
 def unpack(fmt: str, w: np.ndarray, scales: np.ndarray, n: int, k: int) -> np.ndarray:
-    """Inverse of repack: the .gguf blocks uint8 [N, K/32 * 18]."""
+    """Inverse of repack: the .gguf blocks uint8 [N, row_bytes]."""
     _check_format(fmt)
-    if k % GROUP:
-        raise ValueError(f"k={k} is not a multiple of the {GROUP}-element q4_0 block")
-    codes = _frag.unpack_nibbles(w, n, k).reshape(n, k // GROUP, GROUP)
-    d = _frag.unpack_scales(np.asarray(scales).view("<u2"), n, k, GROUP)
-    out = np.empty((n, k // GROUP, _q4_0.BLOCK_BYTES), np.uint8)
-    out[..., 0:2] = np.ascontiguousarray(d).view(np.uint8).reshape(n, k // GROUP, 2)
-    out[..., 2:] = codes[..., :16] | (codes[..., 16:] << 4)
+    spec = _q4_0 if fmt == "q4_0" else _q4_k
+    if k % spec.BLOCK_ELEMS:
+        raise ValueError(f"k={k} is not a multiple of the {spec.BLOCK_ELEMS}-element {fmt} block")
+    nb = k // spec.BLOCK_ELEMS
+    codes = _frag.unpack_nibbles(w, n, k)
+    out = np.empty((n, nb, spec.BLOCK_BYTES), np.uint8)
+    if fmt == "q4_0":
+        codes = codes.reshape(n, nb, GROUP)
+        d = _frag.unpack_scales(np.asarray(scales).view("<u2"), n, k, GROUP)
+        out[..., 0:2] = np.ascontiguousarray(d).view(np.uint8).reshape(n, nb, 2)
+        out[..., 2:] = codes[..., :16] | (codes[..., 16:] << 4)
+        return out.reshape(n, -1)
+    sc, m, d, dmin = split_q4_k(scales, n, k)
+    out[..., 0:2] = d.view(np.uint8).reshape(n, nb, 2)
+    out[..., 2:4] = dmin.view(np.uint8).reshape(n, nb, 2)
+    out[..., 4:16] = _q4_k.pack_scales_mins(sc.reshape(n, nb, 8), m.reshape(n, nb, 8))
+    q = codes.reshape(n, nb, 4, 2, 32)                               # sub-block 2p + i, element
+    out[..., 16:] = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(n, nb, 128)
     return out.reshape(n, -1)
+
+
+def decode_magnitudes(fmt: str, raw: np.ndarray) -> np.ndarray:
+    """float64 [N, K]: per weight, the magnitude of the terms the frag decode sums. q4_0: |w|
+    (its weights d * (q - 8) are exact). q4_K: |d sc q| + |dmin m|: the decode multiplies the
+    group's sum of q * x by d * sc and the group's sum of x by dmin * m and subtracts (one mma
+    against a ones fragment gives the x sums), so its float32 rounding scales with both terms,
+    not with their difference (bf16_tile.accumulation_bound's `terms`)."""
+    _check_format(fmt)
+    if fmt == "q4_0":
+        return np.abs(_q4_0.dequantize(raw).astype(np.float64))
+    blocks = gc.check_raw(raw, _q4_k.BLOCK_BYTES, _q4_k.NAME)
+    n, nb, _ = blocks.shape
+    d = gc.f16_field(blocks, 0).astype(np.float64)[..., None, None]
+    dmin = gc.f16_field(blocks, 2).astype(np.float64)[..., None, None]
+    sc, m = _q4_k.unpack_scales_mins(blocks)
+    q = _q4_k.unpack_quants(blocks).astype(np.float64)                # [N, nb, 8, 32]
+    mag = np.abs(d * sc[..., None] * q) + np.abs(dmin * m[..., None])
+    return mag.reshape(n, nb * _q4_k.BLOCK_ELEMS)

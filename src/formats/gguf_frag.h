@@ -1,30 +1,88 @@
-// The GGUF frag layout (qg_gguf_repack): where a GGUF block's codes and scale go in the W4A16
-// frag planes (src/formats/w4a16_frag.h). Q4_0 so far: its weight d * (q - 8) is a W4A16
-// weight of G = 32, symmetric (z = 8), with the block's fp16 d as the group's scale, so the
-// planes hold the block's bits reordered and nothing is rounded. Shared by the CPU repack
-// (src/gguf_layout.cpp) and the GPU one (hip/w4a16_repack.hip);
-// pyquant/formats/gguf_frag.py is the specification.
+// The GGUF frag layout (qg_gguf_repack): where a GGUF block's codes and scales go in the W4A16
+// frag planes (src/formats/w4a16_frag.h). Shared by the CPU repack (src/gguf_layout.cpp), the
+// GPU one (hip/w4a16_repack.hip) and the GPU tiers that read it;
+// pyquant/formats/gguf_frag.py is the specification, docs/gguf-layout.md says why.
+//
+// Q4_0: its weight d * (q - 8) is a W4A16 weight of G = 32, symmetric (z = 8), with the
+// block's fp16 d as the group's scale, so the planes hold the block's bits reordered.
+//
+// Q4_K: its weight (d * sc) * q - (dmin * m) (sc, m: 6-bit integers per 32 elements; d, dmin:
+// fp16 per 256) keeps every integer as it is: the codes plane as Q4_0's, and the scales plane
+//   records  uint16 [RB][KC][8 g][4 c][2 h]   sc | m << 8 of row 16 rb + g + 8 h, group 4 kc + c
+//            (the W4A16 scales plane of G = 32, these records in place of the scales)
+//   then     uint16 [RB][KC / 2][8 g][2 f][2 h] the fp16 bits of d (f = 0) and dmin (f = 1) of
+//            row 16 rb + g + 8 h, super-block kc / 2: two 32-bit words per lane row g, each
+//            row g in the low half and g + 8 in the high one, as the scale words
+// (K % 256 == 0, so KC is even and no chunk straddles a super-block). 4.625 bits a weight
+// against the blocks' 4.5: the 6-bit scales unpacked to bytes. Nothing is rounded.
 #pragma once
 
 #include <stdint.h>
 
 #include "formats/w4a16_frag.h"
+#include "quantgemm.h"
 
 namespace qg {
 namespace gguf_frag {
 
-constexpr int kGroup = 32;         // a Q4_0 block: one scale per 32 elements
+constexpr int kGroup = 32;         // one scale (record) per 32 elements in both formats
 constexpr int kQ4_0Bytes = 18;     // fp16 d, then qs[16]
 constexpr int kQ4_0Codes = 2;      // byte offset of qs
+constexpr int kQ4_KElems = 256;    // a Q4_K super-block
+constexpr int kQ4_KBytes = 144;    // fp16 d, fp16 dmin, scales[12], qs[128]
+constexpr int kQ4_KScales = 4;
+constexpr int kQ4_KCodes = 16;
 
 // Code q (0..15) of element e (0..31) of a Q4_0 block: qs[e] low nibble for e < 16, qs[e - 16]
 // high nibble above.
 QG_FRAG_HD inline uint32_t q4_0_code(const uint8_t* block, int e) {
     return (static_cast<uint32_t>(block[kQ4_0Codes + (e & 15)]) >> ((e & 16) ? 4 : 0)) & 15u;
 }
-// The block's fp16 d, its bits (little-endian at byte 0; rows are 2-byte aligned).
-QG_FRAG_HD inline uint16_t q4_0_d(const uint8_t* block) {
-    return static_cast<uint16_t>(block[0] | (block[1] << 8));
+// The fp16 bits at byte `off` of a block (little-endian; rows are 2-byte aligned): Q4_0's d
+// at 0, Q4_K's d at 0 and dmin at 2.
+QG_FRAG_HD inline uint16_t f16_at(const uint8_t* block, int off) {
+    return static_cast<uint16_t>(block[off] | (block[off + 1] << 8));
+}
+QG_FRAG_HD inline uint16_t q4_0_d(const uint8_t* block) { return f16_at(block, 0); }
+
+// Code q (0..15) of element e (0..255) of a Q4_K block: sub-blocks 2p and 2p + 1 are the low
+// and high nibbles of qs[32 p .. 32 p + 31].
+QG_FRAG_HD inline uint32_t q4_K_code(const uint8_t* block, int e) {
+    const int j = e >> 5;
+    return (static_cast<uint32_t>(block[kQ4_KCodes + 32 * (j >> 1) + (e & 31)]) >> (4 * (j & 1))) & 15u;
+}
+// The record sc | m << 8 of sub-block j (0..7): the 6-bit fields of scales[12] as ggml's
+// get_scale_min_k4 reads them.
+QG_FRAG_HD inline uint16_t q4_K_record(const uint8_t* block, int j) {
+    const uint8_t* s = block + kQ4_KScales;
+    const uint32_t sc = j < 4 ? s[j] & 63u : (s[j + 4] & 15u) | ((s[j - 4] >> 6) << 4);
+    const uint32_t m = j < 4 ? s[j + 4] & 63u : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    return static_cast<uint16_t>(sc | (m << 8));
+}
+// The inverse: scales[12] from the 8 records of a block.
+QG_FRAG_HD inline void q4_K_pack_records(const uint16_t (&rec)[8], uint8_t* block) {
+    uint8_t* s = block + kQ4_KScales;
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t sc = rec[j] & 63u, m = (rec[j] >> 8) & 63u;
+        const uint32_t sc4 = rec[j + 4] & 63u, m4 = (rec[j + 4] >> 8) & 63u;
+        s[j] = static_cast<uint8_t>(sc | ((sc4 >> 4) << 6));
+        s[j + 4] = static_cast<uint8_t>(m | ((m4 >> 4) << 6));
+        s[j + 8] = static_cast<uint8_t>((sc4 & 15u) | ((m4 & 15u) << 4));
+    }
+}
+
+// Q4_K's super-block part of the scales plane: its byte offset (the records before it) and
+// the index (in uint16) of the d (f = 0) or dmin (f = 1) of (rb, super-block sb, g, h).
+QG_FRAG_HD inline int64_t q4_K_sb_offset(const frag::Geometry& geo) { return geo.scales_bytes(); }
+QG_FRAG_HD inline int64_t q4_K_sb_index(const frag::Geometry& geo, int64_t rb, int64_t sb, int g, int f, int h) {
+    return (((rb * (geo.k_chunks / 2) + sb) * 8 + g) * 2 + f) * 2 + h;
+}
+
+// The formats with a frag layout, and the bytes of a format's scales plane (geo of G = 32).
+QG_FRAG_HD inline bool has_frag_layout(int format) { return format == QG_FORMAT_Q4_0 || format == QG_FORMAT_Q4_K; }
+QG_FRAG_HD inline int64_t scales_plane_bytes(int format, const frag::Geometry& geo) {
+    return format == QG_FORMAT_Q4_K ? geo.scales_bytes() + geo.row_blocks * (geo.k_chunks / 2) * 8 * 2 * 2 * 2
+                                    : geo.scales_bytes();
 }
 
 }  // namespace gguf_frag
