@@ -47,6 +47,7 @@ struct UnitRegs {
     uint4 w[FRAG_RB_PER_WARP][2];
     uint32_t s[FRAG_RB_PER_WARP][GC];
     uint32_t z[FRAG_RB_PER_WARP];
+    uint2 dm[FRAG_RB_PER_WARP];  // CODE_Q4_K: the super-block's d and dmin words
 };
 
 template <int GC>
@@ -74,15 +75,33 @@ struct UnitAddr {
     const uint4* w;        // tile (rb0, 2 kc), this lane's 16 bytes
     const uint32_t* s;     // scale record (rb0, kc), lane row g
     const uint8_t* z;      // zero record (rb0, kc), lane row g
+    const uint2* dm;       // CODE_Q4_K: d / dmin words (rb0, kc / 2), lane row g
     bool in[FRAG_RB_PER_WARP];
 };
+
+// CODE_Q4_K: the scale d * sc and the offset dmin * m of a lane's rows g (lo) and g + 8 (hi)
+// for one 32-element group, from its record word (sc | m << 8 of row g, then of g + 8) and the
+// super-block's d and dmin words. Both products are exact in float32 (11 x 6 bits), as the
+// gguf package's are.
+struct Q4KGroup {
+    float s_lo, s_hi, b_lo, b_hi;
+};
+__device__ __forceinline__ Q4KGroup q4_k_group(uint32_t rec, uint2 dm) {
+    Q4KGroup q;
+    q.s_lo = bits_to_float(static_cast<uint16_t>(dm.x & 0xffffu), ELEM_F16) * static_cast<float>(rec & 0xffu);
+    q.s_hi = bits_to_float(static_cast<uint16_t>(dm.x >> 16), ELEM_F16) * static_cast<float>((rec >> 16) & 0xffu);
+    q.b_lo = bits_to_float(static_cast<uint16_t>(dm.y & 0xffffu), ELEM_F16) * static_cast<float>((rec >> 8) & 0xffu);
+    q.b_hi = bits_to_float(static_cast<uint16_t>(dm.y >> 16), ELEM_F16) * static_cast<float>(rec >> 24);
+    return q;
+}
 
 }  // namespace
 #endif
 
 // XT: activation type. MT: n8 tiles of x (1: M <= 8, 2: M <= 16). G: group size (a template
 // argument: every group index below is a compile-time constant). ASYM: zero-points given.
-// CODE: what a nibble codes (WeightCode: W4A16 integers, or MXFP4 E2M1 values with G = 32).
+// CODE: what a nibble codes (WeightCode: W4A16 integers, MXFP4 E2M1 values with G = 32, or
+// GGUF Q4_K codes with G = 32: their group records and super-block words, q4_k_group).
 template <int XT, int MT, int G, bool ASYM, int CODE>
 __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams p) {
 #if defined(QG_HAS_MMA_SYNC)
@@ -116,6 +135,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
               2 * static_cast<int64_t>(kc) * 32 + lane;
         a.s = p.scales + rec * GC;
         a.z = p.qzeros + rec * GC;
+        if (CODE == CODE_Q4_K) a.dm = p.superblocks + (static_cast<int64_t>(rb0) * (KC / 2) + kc / 2) * 8 + g;
         return a;
     };
     auto load_unit = [&](UnitRegs<GC>& d, const UnitAddr& a) {
@@ -126,11 +146,13 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                 d.w[r][1] = __ldg(a.w + r * w_rb_stride + 32);
                 load_group_words<GC>(d.s[r], a.s + r * s_rb_stride);
                 d.z[r] = ASYM ? load_group_bytes<GC>(a.z + r * s_rb_stride) : 0u;
+                if (CODE == CODE_Q4_K) d.dm[r] = __ldg(a.dm + r * (KC / 2) * 8);
             } else {  // a row block past N (padding of the last row tile): zeros, never stored
                 d.w[r][0] = d.w[r][1] = make_uint4(0, 0, 0, 0);
 #pragma unroll
                 for (int c = 0; c < GC; ++c) d.s[r][c] = 0;
                 d.z[r] = 0;
+                d.dm[r] = make_uint2(0, 0);
             }
         }
     };
@@ -150,6 +172,14 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
 
     float acc[FRAG_RB_PER_WARP][MT][4];
     float grp[FRAG_RB_PER_WARP][MT][4];  // the running group's sum
+    // CODE_Q4_K: the running group's sums of x (tokens 2t, 2t + 1: elements 0, 1; 2 and 3 are the
+    // same sums), from one mma a step against an A fragment of ones: the accumulator layout of
+    // grp with no shuffles, for the group's "- dmin * m * sum x" term
+    float xsum[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xsum[mt][i] = 0.f;
 #pragma unroll
     for (int r = 0; r < FRAG_RB_PER_WARP; ++r)
 #pragma unroll
@@ -202,10 +232,11 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
             const int c = ks / STEPS_PER_GROUP;  // group inside the chunk (compile-time)
-            if (CODE == CODE_INT4 && ks % STEPS_PER_GROUP == 0) {
+            if (CODE != CODE_E2M1 && ks % STEPS_PER_GROUP == 0) {
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
-                    const uint32_t zb = ASYM ? d.z[r] >> (8 * c) : 0x88u;  // symmetric: z = 8
+                    // symmetric: z = 8; Q4_K: the codes themselves (z = 0)
+                    const uint32_t zb = CODE == CODE_Q4_K ? 0u : ASYM ? d.z[r] >> (8 * c) : 0x88u;
                     zp[r] = zero_pairs<XT>(zb & 15u, (zb >> 4) & 15u);
                 }
             }
@@ -216,6 +247,14 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                     ldmatrix_x4(bfrag[mt], xs + (mt * 8 + (lane & 7)) * FRAG_XS_STRIDE + ks * 16 + (lane >> 3) * 8);
             }
             const int bh = (ks % 2) * 2;
+            if constexpr (CODE == CODE_Q4_K) {
+                constexpr uint32_t kOnes = XT == ELEM_BF16 ? 0x3f803f80u : 0x3c003c00u;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    if (mt > 0 && mt * 8 >= p.m) break;
+                    mma16816<XT>(xsum[mt], kOnes, kOnes, kOnes, kOnes, bfrag[mt][bh], bfrag[mt][bh + 1]);
+                }
+            }
 #pragma unroll
             for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
                 const uint4 wt = d.w[r][ks / 4];
@@ -231,7 +270,23 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                     mma16816<XT>(grp[r][mt], a[0], a[1], a[2], a[3], bfrag[mt][bh], bfrag[mt][bh + 1]);
                 }
             }
-            if ((ks + 1) % STEPS_PER_GROUP == 0) {  // the group closes: acc += s * its sum
+            if (CODE == CODE_Q4_K && (ks + 1) % STEPS_PER_GROUP == 0) {
+                // the group closes: acc += (d sc) * sum(q x) - (dmin m) * sum(x)
+#pragma unroll
+                for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
+                    const Q4KGroup q = q4_k_group(d.s[r][c], d.dm[r]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        acc[r][mt][0] = fmaf(-q.b_lo, xsum[mt][0], fmaf(q.s_lo, grp[r][mt][0], acc[r][mt][0]));
+                        acc[r][mt][1] = fmaf(-q.b_lo, xsum[mt][1], fmaf(q.s_lo, grp[r][mt][1], acc[r][mt][1]));
+                        acc[r][mt][2] = fmaf(-q.b_hi, xsum[mt][2], fmaf(q.s_hi, grp[r][mt][2], acc[r][mt][2]));
+                        acc[r][mt][3] = fmaf(-q.b_hi, xsum[mt][3], fmaf(q.s_hi, grp[r][mt][3], acc[r][mt][3]));
+                        grp[r][mt][0] = grp[r][mt][1] = grp[r][mt][2] = grp[r][mt][3] = 0.f;
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) xsum[mt][0] = xsum[mt][1] = xsum[mt][2] = xsum[mt][3] = 0.f;
+            } else if ((ks + 1) % STEPS_PER_GROUP == 0) {  // the group closes: acc += s * its sum
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
                     const float s_lo = bits_to_float(static_cast<uint16_t>(d.s[r][c] & 0xffffu), p.scale_type);
@@ -378,6 +433,11 @@ const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, in
     if (code == CODE_E2M1 && x_type == XT && mt == MT && group_size == 32 && !asym)         \
         return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_E2M1>);
     QG_MXFP4_FRAG_KERNELS(QG_CASE)
+#undef QG_CASE
+#define QG_CASE(XT, MT)                                                                      \
+    if (code == CODE_Q4_K && x_type == XT && mt == MT && group_size == 32 && !asym)         \
+        return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_Q4_K>);
+    QG_Q4_K_FRAG_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;
 }

@@ -61,17 +61,21 @@ struct Chunk {
     uint4 w[2];
     uint32_t s[GC];
     uint32_t z;
+    uint2 dm;  // CODE_Q4_K: the super-block's d and dmin words
 };
 
-template <int GC, bool ASYM>
+template <int GC, bool ASYM, int CODE>
 __device__ __forceinline__ void load_chunk(Chunk<GC>& c, const PrefillParams& p, int rb, int kc, int lane, bool in) {
     if (!in) {
         c.w[0] = c.w[1] = make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int i = 0; i < GC; ++i) c.s[i] = 0;
         c.z = 0;
+        c.dm = make_uint2(0, 0);
         return;
     }
+    if (CODE == CODE_Q4_K)
+        c.dm = __ldg(p.superblocks + (static_cast<int64_t>(rb) * (p.k_chunks / 2) + kc / 2) * 8 + (lane >> 2));
     const uint4* w = reinterpret_cast<const uint4*>(p.qweight) +
                      (static_cast<int64_t>(rb) * p.k_tiles + 2 * static_cast<int64_t>(kc)) * 32 + lane;
     c.w[0] = __ldg(w);
@@ -176,6 +180,58 @@ __device__ __forceinline__ void fold_f16_scales(uint32_t (&a)[4][4], const uint3
     }
 }
 
+// Two float32 as the x type's packed pair (lo in the low half), each rounded to nearest even.
+template <int XT>
+__device__ __forceinline__ uint32_t pack_x2(float lo, float hi) {
+    if constexpr (XT == ELEM_BF16) {
+        return pack_bf16x2(lo, hi);
+    } else {
+        uint32_t out;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+        return out;
+    }
+}
+
+// The codes of nibble pair p of a word (bits 4p and 16 + 4p) as float32, exact: the fp16 pair
+// q of dequant_pair (one lop3, one fma with -1024: z = 0), each half widened (HADD2.F32).
+__device__ __forceinline__ void code_pair_f32(uint32_t w_shifted, float& lo, float& hi) {
+    const uint32_t q = dequant_pair<ELEM_F16>(w_shifted, neg_bias_z<ELEM_F16>(0u));
+    const __half2 h = *reinterpret_cast<const __half2*>(&q);
+    lo = __low2float(h);
+    hi = __high2float(h);
+}
+
+// CODE_Q4_K (FOLD_FP32): the A registers of half h's four k16 steps, each weight
+// (d * sc) * q - dmin * m in float32 (the product exact: one fused multiply-add rounds as the
+// gguf package's multiply then subtract) rounded once to x's type. Step j is in group
+// 2h + j / 2; register p of a step is row g (p even) or g + 8 (odd), its codes the nibbles at
+// bits 4p (low half) and 16 + 4p (high half) of the step's word.
+template <int XT>
+__device__ __forceinline__ void q4_k_tile(uint32_t (&a)[4][4], const uint4& w, const uint32_t (&rec)[4], uint2 dm,
+                                          int h) {
+    const float d_g = bits_to_float(static_cast<uint16_t>(dm.x & 0xffffu), ELEM_F16);
+    const float d_g8 = bits_to_float(static_cast<uint16_t>(dm.x >> 16), ELEM_F16);
+    const float m_g = bits_to_float(static_cast<uint16_t>(dm.y & 0xffffu), ELEM_F16);
+    const float m_g8 = bits_to_float(static_cast<uint16_t>(dm.y >> 16), ELEM_F16);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const uint32_t r = rec[2 * h + half];
+        const float s[2] = {d_g * static_cast<float>(r & 0xffu), d_g8 * static_cast<float>((r >> 16) & 0xffu)};
+        const float nb[2] = {-(m_g * static_cast<float>((r >> 8) & 0xffu)), -(m_g8 * static_cast<float>(r >> 24))};
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+            const int j = 2 * half + jj;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                float lo, hi;
+                code_pair_f32(words[j] >> (4 * q), lo, hi);
+                a[j][q] = pack_x2<XT>(fmaf(s[q & 1], lo, nb[q & 1]), fmaf(s[q & 1], hi, nb[q & 1]));
+            }
+        }
+    }
+}
+
 // The x ring in shared memory by address (computed once per block, so that the generic-to-shared
 // conversion stays out of the loop): STAGES tiles of B_BYTES from `tiles`, then a `full` and an
 // `empty` mbarrier per stage, 8 bytes each.
@@ -238,8 +294,8 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
     // kernels near 255 registers) the unrolled loop spilled inside the loop, and the slots rotate.
     constexpr bool UNROLL3 = FOLD && (BN >= 128 || G >= 64);
     Chunk<GC> cb[3];
-    load_chunk<GC, ASYM>(cb[0], p, rbw, kc0, lane, rb_in);
-    load_chunk<GC, ASYM>(cb[1], p, rbw, kc0 + 1, lane, rb_in && 1 < KC);
+    load_chunk<GC, ASYM, CODE>(cb[0], p, rbw, kc0, lane, rb_in);
+    load_chunk<GC, ASYM, CODE>(cb[1], p, rbw, kc0 + 1, lane, rb_in && 1 < KC);
 
     WgAcc<BN> grp;
 #pragma unroll
@@ -254,7 +310,9 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
             const int kt = 2 * kc + h;
             if (tid == 0 && kt + PD < KT) issue(kt + PD);
             // zero-points of the four k16 steps: step j of half h is in group (64 h + 16 j) / G
-            if constexpr (CODE == CODE_E2M1) {
+            if constexpr (CODE == CODE_Q4_K) {
+                q4_k_tile<XT>(a[h], cur.w[h], cur.s, cur.dm, h);
+            } else if constexpr (CODE == CODE_E2M1) {
                 const uint32_t words[4] = {cur.w[h].x, cur.w[h].y, cur.w[h].z, cur.w[h].w};
 #pragma unroll
                 for (int j = 0; j < 4; ++j) e2m1_word<XT>(words[j], a[h][j]);
@@ -320,7 +378,7 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
             for (int u = 0; u < 3; ++u) {
                 if (u == 0 || kc + u < KC) {
                     // slot (u + 2) % 3 held chunk kc + u - 1, spent in the step before
-                    load_chunk<GC, ASYM>(cb[(u + 2) % 3], p, rbw, kc0 + kc + u + 2, lane, rb_in && kc + u + 2 < KC);
+                    load_chunk<GC, ASYM, CODE>(cb[(u + 2) % 3], p, rbw, kc0 + kc + u + 2, lane, rb_in && kc + u + 2 < KC);
                     run_chunk(cb[u], kc + u);
                 }
             }
@@ -329,7 +387,7 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
         for (int kc = 0; kc < KC; ++kc) {
             cb[2] = cb[0];
             cb[0] = cb[1];
-            load_chunk<GC, ASYM>(cb[1], p, rbw, kc0 + kc + 2, lane, rb_in && kc + 2 < KC);
+            load_chunk<GC, ASYM, CODE>(cb[1], p, rbw, kc0 + kc + 2, lane, rb_in && kc + 2 < KC);
             run_chunk(cb[2], kc);
         }
     }
@@ -425,7 +483,9 @@ template <int XT, int BN, int G, bool ASYM, int CODE, int FOLD, bool SK>
 __global__ void __launch_bounds__(PF_THREADS, SK && BN == 64 && FOLD ? 2 : 1)
 prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams p) {
 #if defined(QG_HAS_WGMMA)
-    static_assert(FOLD == FOLD_NONE || XT == ELEM_BF16, "the fold multiplies bf16 A registers by their scales");
+    static_assert(FOLD == FOLD_NONE || FOLD == FOLD_FP32 || XT == ELEM_BF16,
+                  "the fold multiplies bf16 A registers by their scales");
+    static_assert((CODE == CODE_Q4_K) == (FOLD == FOLD_FP32), "Q4_K's weights are computed in float32 (FOLD_FP32)");
     static_assert(BN < 256 || FOLD, "a 256-token tile leaves no registers for the group sums");
     typedef PrefillSmem<BN> Sm;
     constexpr int STAGES = Sm::STAGES;
@@ -524,6 +584,12 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
                    : reinterpret_cast<const void*>(                                                         \
                          &prefill_wgmma<XT, BN, 32, false, CODE_E2M1, prefill_fold(XT, ELEM_BF16), false>);
     QG_MXFP4_PREFILL_KERNELS(QG_CASE)
+#undef QG_CASE
+#define QG_CASE(XT, BN)                                                                                     \
+    if (code == CODE_Q4_K && x_type == XT && bn == BN && group_size == 32 && !asym)                         \
+        return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q4_K, FOLD_FP32, true>) \
+                        : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q4_K, FOLD_FP32, false>);
+    QG_Q4_K_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;
 }

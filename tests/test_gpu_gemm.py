@@ -558,48 +558,58 @@ def test_gguf_gpu(rng, gpu_ctx, fmt, x_dt, n, poisoned_output, assert_close):
 @pytest.mark.parametrize("fmt", gguf_frag.FORMATS)
 def test_gguf_gpu_frag(rng, gpu_ctx, fmt, x_dt, n, poisoned_output):
     """The frag layout (qg_gguf_repack) on the W4A16 frag kernels: decode_frag (4), the
-    prefill (5) and auto, at decode M, 16-row launches and prefill M with ragged tails. The
-    decode's weights are exact (fp16 d times q - 8), the products exact in fp32 and each
-    group's scale applied in fp32: bf16_tile.accumulation_bound against the exact product of
-    the gguf reference weights (the decode_frag bound of check_w4a16); so is the prefill with
-    fp16 x (its group sums). With bf16 x the prefill folds d into A (FOLD_F16: each weight
+    prefill (5) and auto, at decode M, 16-row launches and prefill M with ragged tails.
+    q4_0: the decode's weights are exact (fp16 d times q - 8), the products exact in fp32 and
+    each group's scale applied in fp32: bf16_tile.accumulation_bound against the exact product
+    of the gguf reference weights (the decode_frag bound of check_w4a16); so is the prefill
+    with fp16 x (its group sums). With bf16 x the prefill folds d into A (FOLD_F16: each weight
     rounded once to bf16, as the GGUF prefill tier does): bf16_tile.error_bound, which adds
-    the 2^-8 weight rounding. N = 1 and 7 exercise the row padding to 16, K = 224 the chunk
-    padding to 128."""
+    the 2^-8 weight rounding.
+    q4_K: the decode sums q * x and x per group and applies d * sc and dmin * m in fp32, so its
+    rounding scales with both terms (accumulation_bound with gguf_frag.decode_magnitudes); the
+    prefill (either x type) takes each gguf float32 weight rounded once to x's type (fp16's
+    2^-11 is inside bf16's 2^-8): error_bound.
+    N = 1 and 7 exercise the row padding to 16, q4_0's K = 224 the chunk padding to 128."""
     _need("gguf")
     spec = F.get(fmt)
-    k = 4096 if n == 4099 else 224
+    k = 4096 if n == 4099 else 224 if fmt == "q4_0" else 512
     raw = spec.module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
     w = pyquant.from_gguf(fmt, raw, shape=(n, k))
     wd = w.to_device(gpu_ctx)
     assert wd.layout == "frag", "to_device gives a GPU context the frag layout where the format has one"
     w_deq = w.dequantize()
+    terms = gguf_frag.decode_magnitudes(fmt, raw)
     for i, m in enumerate((1, 2, 3, 4, 5, 8, 16, 17, 64, 100)):
         y_dt = (x_dt, F32)[i % 2]
         x = random_x(rng, m, k, x_dt)
         xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
         ref = reference.gemm(x, w_deq)
-        exact = bf16_tile.accumulation_bound(x, w_deq, UNIT_ROUNDOFF[y_dt])
+        exact = bf16_tile.accumulation_bound(x, w_deq, UNIT_ROUNDOFF[y_dt], terms=terms)
         folded = bf16_tile.error_bound(x, w_deq, UNIT_ROUNDOFF[y_dt])
 
         def check(tier):
             y = _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, y_dt)
             prefill = tier == 5 or (tier == 0 and m > 16)
-            bound = folded if prefill and x_dt == BF16 else exact
+            # (M <= 128 here: one prefill launch, no decode_frag tail)
+            bound = folded if prefill and (x_dt == BF16 or fmt == "q4_K") else exact
             assert_elementwise(y, ref, bound, f"{fmt} frag tier={tier} x={x_dt} y={y_dt} m={m} n={n} k={k}")
         ran = _run_tiers(gpu_ctx, "gguf", check)
         assert 4 in ran, f"decode_frag did not serve the frag layout (ran: {ran})"
         assert not set(ran) & {1, 2, 3}, f"a block-layout tier took a frag weight (ran: {ran})"
 
 
-def test_gguf_gpu_frag_repack_matches_reference(rng, gpu_ctx):
+@pytest.mark.parametrize("fmt", gguf_frag.FORMATS)
+def test_gguf_gpu_frag_repack_matches_reference(rng, gpu_ctx, fmt):
     """qg_gguf_repack on the device writes the bytes of pyquant.formats.gguf_frag (and of the
-    CPU repack), rows of stride ldw included (to_device pads the block rows to 16 bytes)."""
+    CPU repack), rows of stride ldw included (to_device pads the block rows to 16 bytes; q4_K's
+    144-byte rows are 16-byte multiples already, so one shape has unpadded rows too)."""
     _need("gguf")
-    for n, k in ((1, 32), (7, 224), (40, 4096 + 32)):
-        raw = F.get("q4_0").module.random_blocks(rng, n, k, d_range=None)
-        want_w, want_s = gguf_frag.repack("q4_0", raw)
-        blocks = pyquant.from_gguf("q4_0", raw, shape=(n, k)).to_device(gpu_ctx, layout="canonical")
+    spec = F.get(fmt)
+    shapes = ((1, 32), (7, 224), (40, 4096 + 32)) if fmt == "q4_0" else ((1, 256), (7, 768), (40, 4096 + 256))
+    for n, k in shapes:
+        raw = rng.integers(0, 256, size=(n, k // spec.block_elems * spec.block_bytes), dtype=np.uint8)
+        want_w, want_s = gguf_frag.repack(fmt, raw)  # every bit pattern: the repack moves bits
+        blocks = pyquant.from_gguf(fmt, raw, shape=(n, k)).to_device(gpu_ctx, layout="canonical")
         r = blocks.repack("frag")
         assert r.layout == "frag" and r.is_device
         np.testing.assert_array_equal(r.raw.to_numpy().reshape(-1).view(np.uint32), want_w.reshape(-1).view(np.uint32))

@@ -117,7 +117,7 @@ def test_gguf_prefill_auto_above_eight_rows(rng, gpu_ctx):
     n, k, m = 256, 512, 64
     raw = spec.module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
     w = pyquant.from_gguf("q4_K", raw, shape=(n, k))
-    wd = w.to_device(gpu_ctx)
+    wd = w.to_device(gpu_ctx, layout="canonical")  # the blocks (q4_K has a frag layout too)
     x = rng.standard_normal((m, k)).astype(np.float32).astype(BF16)
     xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
     forced = _run(gpu_ctx, name, lambda: pyquant.gemm(xd, wd, out_dtype=F32).to_numpy())

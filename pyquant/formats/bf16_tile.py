@@ -34,11 +34,15 @@ def _magnitudes(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return reference.gemm(np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(w, np.float64)))
 
 
-def accumulation_bound(x: np.ndarray, w: np.ndarray, y_unit_roundoff: float) -> np.ndarray:
+def accumulation_bound(x: np.ndarray, w: np.ndarray, y_unit_roundoff: float, terms: np.ndarray | None = None) -> np.ndarray:
     """Elementwise bound [M, N] on |y - x @ w^T| for a tier whose weights ARE w (x [M, K],
-    w [N, K] already in bf16): exact products, k float32 sums, one rounding of y."""
+    w [N, K] already in bf16): exact products, k float32 sums, one rounding of y.
+
+    terms [N, K] (>= |w|): where the tier sums parts of each weight separately (the frag
+    decode of q4_K: (d sc) * sum(q x) - (dmin m) * sum(x), gguf_frag.decode_magnitudes), the
+    float32 sums scale with |x| @ terms^T, not with |x| @ |w|^T."""
     k = np.asarray(x).shape[1]
-    mag = _magnitudes(x, w)
+    mag = _magnitudes(x, w if terms is None else terms)
     ref = np.abs(reference.gemm(x, w))
     return (k + 32) * U_ADD * mag + y_unit_roundoff * (ref + mag)
 

@@ -1,16 +1,33 @@
-// The frag-layout GPU kernels (hip/w4a16_decode_frag.hip, hip/w4a16_prefill.hip) behind two
-// families' tiers: W4A16 (CODE_INT4, src/gpu/w4a16_*launch.cpp) and MXFP4 (CODE_E2M1, which
-// src/gpu/mxfp4_launch.cpp states as a W4A16 frag call of G = 32, bf16 scales, no zeros).
+// The frag-layout GPU kernels (hip/w4a16_decode_frag.hip, hip/w4a16_prefill.hip) behind three
+// families' tiers: W4A16 (CODE_INT4, src/gpu/w4a16_*launch.cpp), MXFP4 (CODE_E2M1, which
+// src/gpu/mxfp4_launch.cpp states as a W4A16 frag call of G = 32, bf16 scales, no zeros) and
+// GGUF Q4_0 / Q4_K (CODE_INT4 / CODE_Q4_K, src/gpu/gguf_frag_launch.cpp, G = 32, no zeros).
 // Arguments were validated by src/api.cpp; `usable` states what the kernels need.
 #pragma once
 
 #include <stddef.h>
 
+#include "formats/gguf_frag.h"
 #include "tier_table.h"
 #include "w4a16_kernels.h"
 
 namespace qg {
 namespace frag_launch {
+
+// Names for QG_LOG lines: the family of a code, and what its nibbles and scales are.
+inline const char* family_name(int code) {
+    return code == w4a16::CODE_E2M1 ? "mxfp4" : code == w4a16::CODE_Q4_K ? "gguf q4_K" : "w4a16";
+}
+inline const char* code_name(int code, bool asym) {
+    return code == w4a16::CODE_E2M1 ? "e2m1" : code == w4a16::CODE_Q4_K ? "q4_K" : asym ? "asym" : "sym";
+}
+// CODE_Q4_K: the d / dmin words, after the records in the call's scales plane
+// (src/formats/gguf_frag.h); nullptr for the other codes.
+inline const uint2* q4_k_superblocks(const qg_w4a16_gemm_args& a, int code) {
+    if (code != w4a16::CODE_Q4_K) return nullptr;
+    const frag::Geometry geo(a.n, a.k, a.group_size);
+    return reinterpret_cast<const uint2*>(static_cast<const char*>(a.scales) + gguf_frag::q4_K_sb_offset(geo));
+}
 
 constexpr int kDecodeRows = 16;  // rows of x per decode launch (decode_mma, decode_frag): two n8 mma tiles
 

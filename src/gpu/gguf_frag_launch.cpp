@@ -1,8 +1,9 @@
 // GGUF frag-layout GPU tiers: their table entries (src/tier_table.h) and the device repack. A
 // Q4_0 weight in the frag layout (qg_gguf_repack) is a W4A16 frag weight of G = 32, symmetric,
-// with fp16 scales (src/formats/gguf_frag.h), so both tiers are the W4A16 frag kernels
-// (src/gpu/frag_launch.h) on the same call stated in W4A16 terms. Arguments were validated by
-// src/api.cpp.
+// with fp16 scales, and a Q4_K one the same planes with its records and super-block words
+// (src/formats/gguf_frag.h), so both tiers are the W4A16 frag kernels (src/gpu/frag_launch.h)
+// on the same call stated in W4A16 terms, Q4_K with its own code (CODE_Q4_K). Arguments were
+// validated by src/api.cpp.
 #include <stdint.h>
 
 #include "formats/gguf_frag.h"
@@ -29,7 +30,7 @@ qg_w4a16_gemm_args as_frag_call(const Args& a) {
     w.ldx = a.ldx;
     w.qweight = static_cast<const int32_t*>(a.w);
     w.scales = a.w_scales;
-    w.qzeros = nullptr;  // z = 8: Q4_0's d * (q - 8)
+    w.qzeros = nullptr;  // Q4_0's d * (q - 8): z = 8; Q4_K: no zero-points (CODE_Q4_K)
     w.y = a.y;
     w.ldy = a.ldy;
     w.workspace = a.workspace;
@@ -54,24 +55,27 @@ bool frag_call(const qg_context* ctx, const Args& a, const char** why) {
     return true;
 }
 
+// What the frag kernels take the nibbles for.
+int code_of(const Args& a) { return a.format == QG_FORMAT_Q4_K ? CODE_Q4_K : CODE_INT4; }
+
 bool decode_usable(const qg_context* ctx, const Args& a, const char** why) {
     return frag_call(ctx, a, why) && frag_launch::decode_usable(ctx, as_frag_call(a), why);
 }
 size_t decode_workspace(const qg_context* ctx, const Args& a) {
-    return frag_launch::decode_workspace(ctx, as_frag_call(a), CODE_INT4);
+    return frag_launch::decode_workspace(ctx, as_frag_call(a), code_of(a));
 }
 qg_status decode_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
-    return frag_launch::decode(ctx, as_frag_call(a), CODE_INT4, stream);
+    return frag_launch::decode(ctx, as_frag_call(a), code_of(a), stream);
 }
 
 bool prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
     return frag_call(ctx, a, why) && frag_launch::prefill_usable(ctx, as_frag_call(a), why);
 }
 size_t prefill_workspace(const qg_context* ctx, const Args& a) {
-    return frag_launch::prefill_workspace(ctx, as_frag_call(a), CODE_INT4);
+    return frag_launch::prefill_workspace(ctx, as_frag_call(a), code_of(a));
 }
 qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream) {
-    return frag_launch::prefill(ctx, as_frag_call(a), CODE_INT4, stream);
+    return frag_launch::prefill(ctx, as_frag_call(a), code_of(a), stream);
 }
 
 }  // namespace
@@ -81,10 +85,12 @@ const Tier<Args> gpu_gguf_decode_frag_tier = {QG_GPU_RUNTIME_NAME ":decode_frag"
 const Tier<Args> gpu_gguf_prefill_frag_tier = {QG_GPU_RUNTIME_NAME ":prefill_frag", 5, prefill_usable,
                                                prefill_workspace, prefill_launch};
 
-// The W4A16 repack kernels reading the codes and d of the Q4_0 blocks (src/formats/gguf_frag.h).
+// The W4A16 repack kernels reading the codes and scales of the Q4_0 or Q4_K blocks
+// (src/formats/gguf_frag.h).
 qg_status gpu_gguf_repack(const qg_context*, const qg_gguf_repack_args& a, qg_stream stream) {
     RepackParams p{};
-    p.q4_0 = static_cast<const uint8_t*>(a.w);
+    p.gguf = static_cast<const uint8_t*>(a.w);
+    p.gguf_format = a.format;
     p.ldw = a.ldw;
     p.out_qweight = static_cast<uint32_t*>(a.out_w);
     p.out_scales = static_cast<uint16_t*>(a.out_scales);

@@ -269,7 +269,7 @@ size_t frag_launch::decode_workspace(const qg_context* ctx, const Args& a, int c
 }
 
 qg_status frag_launch::decode(const qg_context* ctx, const Args& a, int code, qg_stream stream) {
-    const char* family = code == CODE_E2M1 ? "mxfp4" : "w4a16";
+    const char* family = frag_launch::family_name(code);
     FragPlan plan;
     if (!frag_plan(ctx, a, code, &plan))
         return set_error(QG_ERR_DEVICE, "%s decode_frag cannot be made resident (%d bytes of shared memory)",
@@ -278,7 +278,7 @@ qg_status frag_launch::decode(const qg_context* ctx, const Args& a, int code, qg
         log_once("%s decode_frag m=%lld n=%lld k=%lld g=%d %s: mt=%d row_tiles=%d chunks=%d blocks=%d "
                  "max_contributors=%d smem=%d%s",
                  family, static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k),
-                 a.group_size, code == CODE_E2M1 ? "e2m1" : a.qzeros ? "asym" : "sym", plan.mt, plan.row_tiles, plan.k_chunks, plan.blocks,
+                 a.group_size, frag_launch::code_name(code, a.qzeros != nullptr), plan.mt, plan.row_tiles, plan.k_chunks, plan.blocks,
                  plan.max_contributors, frag_smem(plan.mt, a.group_size),
                  a.m > kDecodeRows ? " (one launch per 16 rows)" : "");
     FragParams p{};
@@ -296,6 +296,7 @@ qg_status frag_launch::decode(const qg_context* ctx, const Args& a, int code, qg
     p.y_type = elem_type(a.y_dtype);
     p.bias = launch_util::bias_of(a);
     p.max_contributors = plan.max_contributors;
+    p.superblocks = frag_launch::q4_k_superblocks(a, code);
     if (plan.max_contributors > 1) {
         p.counters = static_cast<unsigned*>(a.workspace);
         p.partial = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + counters_bytes(plan.row_tiles));
@@ -306,7 +307,7 @@ qg_status frag_launch::decode(const qg_context* ctx, const Args& a, int code, qg
         a, p, plan.mt, plan.blocks, FRAG_THREADS,
         [&](int mt) { return decode_frag_kernel(x_type, mt, a.group_size, asym, code); },
         [&](int mt) { return frag_smem(mt, a.group_size); }, stream,
-        code == CODE_E2M1 ? "mxfp4 decode_frag" : "w4a16 decode_frag");
+        code == CODE_E2M1 ? "mxfp4 decode_frag" : code == CODE_Q4_K ? "gguf q4_K decode_frag" : "w4a16 decode_frag");
 }
 
 namespace {

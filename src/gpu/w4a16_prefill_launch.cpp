@@ -98,7 +98,7 @@ PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code) {
     PrefillPlan pl;
     const frag::Geometry geo(a.n, a.k, a.group_size);
     pl.row_tiles = ceil_div(a.n, PF_ROWS);
-    pl.fold = prefill_folds(elem_type(a.x_dtype), elem_type(a.scale_dtype));
+    pl.fold = prefill_folds(elem_type(a.x_dtype), elem_type(a.scale_dtype), code);
     pl.bn = a.m <= 64 ? 64 : a.m <= 128 || !pl.fold ? 128 : 256;
     if (ctx->prefill_tile > 0) pl.bn = ctx->prefill_tile == 256 && !pl.fold ? 128 : static_cast<int>(ctx->prefill_tile);
     pl.token_tiles = ceil_div(a.m, pl.bn);
@@ -181,7 +181,9 @@ int plan_launches(const qg_context* ctx, const Args& a, int code, Launch (&out)[
 
 qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& pl, int code, qg_stream stream) {
 #if defined(QG_HAVE_TENSOR_MAPS)
-    const char* what = code == CODE_E2M1 ? "mxfp4 prefill_wgmma" : "w4a16 prefill_wgmma";
+    const char* what = code == CODE_E2M1   ? "mxfp4 prefill_wgmma"
+                       : code == CODE_Q4_K ? "gguf q4_K prefill_wgmma"
+                                           : "w4a16 prefill_wgmma";
     const frag::Geometry geo(a.n, a.k, a.group_size);
     const int bn = pl.bn;
     const void* kernel = kernel_of(a, bn, code, pl.stream_k);
@@ -206,6 +208,7 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
     p.scale_type = elem_type(a.scale_dtype);
     p.y_type = elem_type(a.y_dtype);
     p.bias = launch_util::bias_of(a);
+    p.superblocks = frag_launch::q4_k_superblocks(a, code);
     p.token_tiles = static_cast<int>(pl.token_tiles);
     p.tiles = static_cast<int>(pl.tiles);
     if (pl.stream_k) {
@@ -218,8 +221,8 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
         log_once("%s m=%lld n=%lld k=%lld g=%d %s%s: tile 128 rows x %d tokens, %lld tiles (%lld x %lld), %s %lld, "
                  "smem %d",
                  what, static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k),
-                 a.group_size, code == CODE_E2M1 ? "e2m1" : a.qzeros != nullptr ? "asym" : "sym",
-                 pl.fold ? " (scale folded into A)" : "", bn, static_cast<long long>(pl.tiles),
+                 a.group_size, frag_launch::code_name(code, a.qzeros != nullptr),
+                 code == CODE_Q4_K ? " (weights in float32, rounded once into A)" : pl.fold ? " (scale folded into A)" : "", bn, static_cast<long long>(pl.tiles),
                  static_cast<long long>(pl.row_tiles), static_cast<long long>(pl.token_tiles),
                  pl.stream_k ? "stream-K over blocks:" : "a block a tile, blocks:",
                  static_cast<long long>(pl.stream_k ? pl.grid : pl.tiles), smem);
