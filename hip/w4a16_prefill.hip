@@ -192,20 +192,12 @@ __device__ __forceinline__ uint32_t pack_x2(float lo, float hi) {
     }
 }
 
-// The codes of nibble pair p of a word (bits 4p and 16 + 4p) as float32, exact: the fp16 pair
-// q of dequant_pair (one lop3, one fma with -1024: z = 0), each half widened (HADD2.F32).
-__device__ __forceinline__ void code_pair_f32(uint32_t w_shifted, float& lo, float& hi) {
-    const uint32_t q = dequant_pair<ELEM_F16>(w_shifted, neg_bias_z<ELEM_F16>(0u));
-    const __half2 h = *reinterpret_cast<const __half2*>(&q);
-    lo = __low2float(h);
-    hi = __high2float(h);
-}
-
 // CODE_Q4_K (FOLD_FP32): the A registers of half h's four k16 steps, each weight
 // (d * sc) * q - dmin * m in float32 (the product exact: one fused multiply-add rounds as the
 // gguf package's multiply then subtract) rounded once to x's type. Step j is in group
 // 2h + j / 2; register p of a step is row g (p even) or g + 8 (odd), its codes the nibbles at
-// bits 4p (low half) and 16 + 4p (high half) of the step's word.
+// bits 4p (low half) and 16 + 4p (high half) of the step's word, made exact fp16 pairs by the
+// W4A16 dequant (Marlin's two pairs a shift, z = 0) and widened to float32 (HADD2.F32).
 template <int XT>
 __device__ __forceinline__ void q4_k_tile(uint32_t (&a)[4][4], const uint4& w, const uint32_t (&rec)[4], uint2 dm,
                                           int h) {
@@ -222,11 +214,13 @@ __device__ __forceinline__ void q4_k_tile(uint32_t (&a)[4][4], const uint4& w, c
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             const int j = 2 * half + jj;
+            uint32_t q[4];  // the codes as fp16 pairs (pair p: nibbles p and p + 4), exact
+            dequant_word<ELEM_F16>(words[j], zero_pairs<ELEM_F16>(0u, 0u), q);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                float lo, hi;
-                code_pair_f32(words[j] >> (4 * q), lo, hi);
-                a[j][q] = pack_x2<XT>(fmaf(s[q & 1], lo, nb[q & 1]), fmaf(s[q & 1], hi, nb[q & 1]));
+            for (int p = 0; p < 4; ++p) {
+                const __half2 qh = *reinterpret_cast<const __half2*>(&q[p]);
+                a[j][p] = pack_x2<XT>(fmaf(s[p & 1], __low2float(qh), nb[p & 1]),
+                                      fmaf(s[p & 1], __high2float(qh), nb[p & 1]));
             }
         }
     }
