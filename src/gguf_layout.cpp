@@ -1,4 +1,4 @@
-// GGUF weight layouts on the host: the CPU repack of Q4_0 and Q4_K blocks into the frag layout
+// GGUF weight layouts on the host: the CPU repack of Q4_0, Q4_K and IQ4_XS blocks into the frag layout
 // (qg_gguf_repack on a CPU context) and its inverse, which lets the CPU tier serve a
 // frag-layout call. The frag planes are the W4A16 ones of G = 32 (src/formats/gguf_frag.h);
 // pyquant/formats/gguf_frag.py is the specification the tests hold both directions to, byte
@@ -43,44 +43,28 @@ void for_each_superblock(const frag::Geometry& geo, F&& f) {
         }
 }
 
-struct Blocks {
-    bool q4_K;
-    int bytes, elems;
-    explicit Blocks(int format)
-        : q4_K(format == QG_FORMAT_Q4_K),
-          bytes(q4_K ? gguf_frag::kQ4_KBytes : gguf_frag::kQ4_0Bytes),
-          elems(q4_K ? gguf_frag::kQ4_KElems : kGroup) {}
-    // the block of element (n, k) and k's place in it
-    const uint8_t* at(const uint8_t* w, int64_t ldw, int64_t n, int64_t k) const {
-        return w + n * ldw + (k / elems) * bytes;
-    }
-};
-
 }  // namespace
 
 void gguf_repack_frag_host(const qg_gguf_repack_args& a) {
     const frag::Geometry geo(a.n, a.k, kGroup);
-    const Blocks bl(a.format);
+    const gguf_frag::FragFormat ff(a.format);
     const uint8_t* w = static_cast<const uint8_t*>(a.w);
+    auto block_of = [&](int64_t n, int64_t k) { return w + n * a.ldw + (k / ff.elems) * ff.bytes; };
     uint32_t* out_q = static_cast<uint32_t*>(a.out_w);
     memset(out_q, 0, static_cast<size_t>(geo.qweight_bytes()));  // padding: q = 0
     for_each_code(geo, [&](int64_t word, int shift, int64_t n, int64_t k) {
-        const uint8_t* block = bl.at(w, a.ldw, n, k);
-        const int e = static_cast<int>(k % bl.elems);
-        out_q[word] |= (bl.q4_K ? gguf_frag::q4_K_code(block, e) : gguf_frag::q4_0_code(block, e)) << shift;
+        out_q[word] |= ff.code(block_of(n, k), static_cast<int>(k % ff.elems)) << shift;
     });
     uint16_t* out_s = static_cast<uint16_t*>(a.out_scales);
     memset(out_s, 0, static_cast<size_t>(gguf_frag::scales_plane_bytes(a.format, geo)));
     for_each_scale(geo, [&](int64_t i, int64_t n, int64_t grp, bool real) {
-        if (!real) return;
-        const uint8_t* block = bl.at(w, a.ldw, n, grp * kGroup);
-        out_s[i] = bl.q4_K ? gguf_frag::q4_K_record(block, static_cast<int>(grp % 8)) : gguf_frag::q4_0_d(block);
+        if (real) out_s[i] = ff.record(block_of(n, grp * kGroup), static_cast<int>((grp * kGroup % ff.elems) / kGroup));
     });
-    if (bl.q4_K)
+    if (gguf_frag::has_superblocks(a.format))
         for_each_superblock(geo, [&](int64_t i, int64_t n, int64_t sb) {
-            const uint8_t* block = w + n * a.ldw + sb * bl.bytes;
-            out_s[i] = gguf_frag::f16_at(block, 0);
-            out_s[i + 2] = gguf_frag::f16_at(block, 2);
+            const uint8_t* block = w + n * a.ldw + sb * ff.bytes;
+            out_s[i] = ff.field(block, 0);
+            out_s[i + 2] = ff.field(block, 1);
         });
 }
 
@@ -89,50 +73,52 @@ void gguf_repack_frag_host(const qg_gguf_repack_args& a) {
 // fields). A frag weight is a GPU layout; this keeps every entry point served on the CPU.
 qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a) {
     const frag::Geometry geo(a->n, a->k, kGroup);
-    const Blocks bl(a->format);
-    const int64_t ldw = a->k / bl.elems * bl.bytes;
+    const gguf_frag::FragFormat ff(a->format);
+    const bool super = gguf_frag::has_superblocks(a->format);
+    const int64_t ldw = a->k / ff.elems * ff.bytes;
     const size_t bytes = static_cast<size_t>(a->n) * static_cast<size_t>(ldw);
+    const size_t records = super ? static_cast<size_t>(a->n) * static_cast<size_t>(a->k / kGroup) : 0;
     std::unique_ptr<uint8_t[]> blocks(new (std::nothrow) uint8_t[bytes]);
-    if (!blocks)
+    std::unique_ptr<uint16_t[]> rec(records ? new (std::nothrow) uint16_t[records] : nullptr);
+    if (!blocks || (records && !rec))
         return set_error(QG_ERR_OUT_OF_MEMORY, "gguf cpu tier: no host memory to unpack the frag layout (%zu bytes)",
-                         bytes);
+                         bytes + 2 * records);
     memset(blocks.get(), 0, bytes);
     uint8_t* out = blocks.get();
     const uint32_t* in_q = static_cast<const uint32_t*>(a->w);
     for_each_code(geo, [&](int64_t word, int shift, int64_t n, int64_t k) {
-        const int e = static_cast<int>(k % bl.elems);
-        uint8_t* block = out + n * ldw + (k / bl.elems) * bl.bytes;
-        uint8_t* code = bl.q4_K ? block + gguf_frag::kQ4_KCodes + 32 * (e >> 6) + (e & 31)
-                                : block + gguf_frag::kQ4_0Codes + (e & 15);
-        const int nib = bl.q4_K ? 4 * ((e >> 5) & 1) : ((e & 16) ? 4 : 0);
+        const int e = static_cast<int>(k % ff.elems);
+        uint8_t* block = out + n * ldw + (k / ff.elems) * ff.bytes;
+        // where the block keeps element e's code (gguf_frag::*_code read it back)
+        uint8_t* code = a->format == QG_FORMAT_Q4_K     ? block + gguf_frag::kQ4_KCodes + 32 * (e >> 6) + (e & 31)
+                        : a->format == QG_FORMAT_IQ4_XS ? block + gguf_frag::kIQ4_XSCodes + 16 * (e >> 5) + (e & 15)
+                                                        : block + gguf_frag::kQ4_0Codes + (e & 15);
+        const int nib = a->format == QG_FORMAT_Q4_K ? 4 * ((e >> 5) & 1) : ((e & 16) ? 4 : 0);
         *code = static_cast<uint8_t>(*code | (((in_q[word] >> shift) & 15u) << nib));
     });
     const uint16_t* in_s = static_cast<const uint16_t*>(a->w_scales);
-    // Q4_K's records, gathered per block before the 6-bit packing
-    std::unique_ptr<uint16_t[]> rec;
-    if (bl.q4_K) {
-        rec.reset(new (std::nothrow) uint16_t[static_cast<size_t>(a->n) * static_cast<size_t>(a->k / kGroup)]);
-        if (!rec) return set_error(QG_ERR_OUT_OF_MEMORY, "gguf cpu tier: no host memory to unpack the frag layout");
-    }
     for_each_scale(geo, [&](int64_t i, int64_t n, int64_t grp, bool real) {
         if (!real) return;
-        if (bl.q4_K) {
+        if (super) {  // gathered per block for the format's packing below
             rec[n * (a->k / kGroup) + grp] = in_s[i];
         } else {
-            uint8_t* block = out + n * ldw + grp * bl.bytes;
+            uint8_t* block = out + n * ldw + grp * ff.bytes;
             block[0] = static_cast<uint8_t>(in_s[i] & 0xffu);
             block[1] = static_cast<uint8_t>(in_s[i] >> 8);
         }
     });
-    if (bl.q4_K) {
+    if (super) {
         for_each_superblock(geo, [&](int64_t i, int64_t n, int64_t sb) {
-            uint8_t* block = out + n * ldw + sb * bl.bytes;
-            const uint16_t d = in_s[i], dmin = in_s[i + 2];
-            block[0] = static_cast<uint8_t>(d & 0xffu), block[1] = static_cast<uint8_t>(d >> 8);
-            block[2] = static_cast<uint8_t>(dmin & 0xffu), block[3] = static_cast<uint8_t>(dmin >> 8);
+            uint8_t* block = out + n * ldw + sb * ff.bytes;
             uint16_t r[8];
             for (int j = 0; j < 8; ++j) r[j] = rec[n * (a->k / kGroup) + sb * 8 + j];
-            gguf_frag::q4_K_pack_records(r, block);
+            block[0] = static_cast<uint8_t>(in_s[i] & 0xffu), block[1] = static_cast<uint8_t>(in_s[i] >> 8);
+            if (a->format == QG_FORMAT_Q4_K) {
+                block[2] = static_cast<uint8_t>(in_s[i + 2] & 0xffu), block[3] = static_cast<uint8_t>(in_s[i + 2] >> 8);
+                gguf_frag::q4_K_pack_records(r, block);
+            } else {
+                gguf_frag::iq4_xs_pack_records(r, block);
+            }
         });
     }
     qg_gguf_gemm_args c = *a;

@@ -10,9 +10,10 @@
 3. The library's CPU repack writes the reference bytes, rows of any even stride ldw included.
 4. The CPU tier on a frag weight gives the block weight's output bit for bit (every x and
    output dtype, with and without a bias).
-Q4_K (section at the end): its planes against their definition (the codes plane as Q4_0's, the
-records sc | m << 8 where the W4A16 scales are, then d and dmin per super-block), round trips
-for every byte pattern of its blocks, the library's repack and the CPU tier on a frag weight.
+Q4_K and IQ4_XS (section at the end): their planes against their definition (the codes plane as
+Q4_0's, the records (sc | m << 8, ls) where the W4A16 scales are, then d and dmin (or 0) per
+super-block), round trips for every byte pattern of their blocks, the library's repack and the
+CPU tier on a frag weight.
 5. Refusals: formats without a frag layout, bad repack arguments (nothing written), fp32 x is
    fine on the CPU; pyquant's GGUFWeight(layout="frag") checks its planes.
 """
@@ -30,6 +31,7 @@ from pyquant import _lib
 from pyquant.formats import gguf_frag as GF
 from pyquant.formats import int4
 from pyquant.formats import int4_frag as FR
+from pyquant.formats import iq4_xs
 from pyquant.formats import q4_0
 from pyquant.formats import q4_k
 
@@ -129,7 +131,7 @@ def test_cpu_tier_on_frag_is_the_block_result(rng, x_dt, bias, assert_bitwise_eq
 def test_formats_without_a_frag_layout_are_refused(rng):
     raw = pyquant.formats.get("q6_K").module.random_blocks(rng, 16, 256)
     w = pyquant.from_gguf("q6_K", raw, shape=(16, 256))
-    with pytest.raises(pyquant.InvalidArgumentError, match=r"format 'q6_K' has no frag layout yet \(q4_0, q4_K only\)"):
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"format 'q6_K' has no frag layout yet \(q4_0, q4_K, iq4_xs only\)"):
         w.repack()
     assert w.to_device(pyquant.Context("cpu")).layout == "canonical"
     with pytest.raises(pyquant.InvalidArgumentError, match="no frag layout"):
@@ -256,31 +258,43 @@ def test_frag_shard_is_the_repack_of_the_canonical_shard(rng, assert_bitwise_equ
         f.shard("k", [96, 256], 0)
 
 
-# ---------------------------------------------------------------- Q4_K
+# ---------------------------------------------------------------- Q4_K and IQ4_XS (super-block planes)
 
 K_AWKWARD = [(40, 256), (1, 512), (16, 256), (7, 4096 + 256)]
+SUPER = {"q4_K": q4_k, "iq4_xs": iq4_xs}
 
 
-def _raw_k(rng, n, k):
-    """Q4_K blocks of random bytes: every code, scale and min bit pattern, every fp16 d and dmin
+def _raw_k(rng, n, k, fmt="q4_K"):
+    """Blocks of random bytes: every code, scale and min bit pattern, every fp16 d and dmin
     (NaN and inf included): the layout moves bits, so every pattern must survive."""
-    return rng.integers(0, 256, size=(n, k // 256 * q4_k.BLOCK_BYTES), dtype=np.uint8)
+    return rng.integers(0, 256, size=(n, k // 256 * SUPER[fmt].BLOCK_BYTES), dtype=np.uint8)
 
 
+def _definition(fmt, blocks):
+    """(records [N, nb * 8] uint16, fields [N, nb, 2] uint16) from their definition: q4_K's
+    sc | m << 8 and (d, dmin); iq4_xs's ls and (d, 0)."""
+    n, nb = blocks.shape[:2]
+    if fmt == "q4_K":
+        sc, m = q4_k.unpack_scales_mins(blocks)
+        return (sc.astype(np.uint16) | (m.astype(np.uint16) << 8)).reshape(n, -1), blocks[..., 0:4].copy().view("<u2")
+    fields = np.zeros((n, nb, 2), np.uint16)
+    fields[..., 0] = blocks[..., 0:2].copy().view("<u2")[..., 0]
+    return iq4_xs.unpack_scales(blocks).astype(np.uint16).reshape(n, -1), fields
+
+
+@pytest.mark.parametrize("fmt", list(SUPER))
 @pytest.mark.parametrize("n,k", K_AWKWARD)
-def test_q4_k_planes_are_their_definition(rng, n, k):
-    raw = _raw_k(rng, n, k)
-    fw, fs = GF.repack("q4_K", raw)
-    blocks = raw.reshape(n, k // 256, q4_k.BLOCK_BYTES)
-    np.testing.assert_array_equal(fw, FR.pack_nibbles(q4_k.unpack_quants(blocks).reshape(n, k)))
-    assert fs.dtype == np.uint16 and fs.shape == GF.plane_shapes("q4_K", n, k)["scales"]
-    sc, m = q4_k.unpack_scales_mins(blocks)
+def test_superblock_planes_are_their_definition(rng, fmt, n, k):
+    raw = _raw_k(rng, n, k, fmt)
+    fw, fs = GF.repack(fmt, raw)
+    blocks = raw.reshape(n, k // 256, SUPER[fmt].BLOCK_BYTES)
+    np.testing.assert_array_equal(fw, FR.pack_nibbles(SUPER[fmt].unpack_quants(blocks).reshape(n, k)))
+    assert fs.dtype == np.uint16 and fs.shape == GF.plane_shapes(fmt, n, k)["scales"]
+    rec, fields = _definition(fmt, blocks)
     nrec = int(np.prod(FR.plane_shapes(n, k, 32)["scales"]))
-    want_rec = FR.pack_scales((sc.astype(np.uint16) | (m.astype(np.uint16) << 8)).reshape(n, -1), k, 32)
-    np.testing.assert_array_equal(fs[:nrec], want_rec.reshape(-1))
+    np.testing.assert_array_equal(fs[:nrec], FR.pack_scales(rec, k, 32).reshape(-1))
     # the super-block part, element by element: [rb, sb, g, f, h] = field f of row 16 rb + g + 8 h
     sb = fs[nrec:].reshape(-1, k // 256, 8, 2, 2)
-    fields = blocks[..., 0:4].copy().view("<u2")                       # [N, nb, 2]: d, dmin bits
     for row in range(n):
         for f in range(2):
             np.testing.assert_array_equal(sb[row // 16, :, row % 8, f, (row % 16) // 8], fields[row, :, f])
@@ -290,42 +304,45 @@ def test_q4_k_planes_are_their_definition(rng, n, k):
         assert not sb[row // 16, :, row % 8, :, (row % 16) // 8].any(), f"padded row {row} has a field"
 
 
+@pytest.mark.parametrize("fmt", list(SUPER))
 @pytest.mark.parametrize("n,k", K_AWKWARD)
-def test_q4_k_round_trip_and_library_repack(rng, n, k, assert_bitwise_equal):
-    raw = _raw_k(rng, n, k)
-    fw, fs = GF.repack("q4_K", raw)
-    np.testing.assert_array_equal(GF.unpack("q4_K", fw, fs, n, k), raw)
-    r = pyquant.from_gguf("q4_K", raw, shape=(n, k)).repack()
+def test_superblock_round_trip_and_library_repack(rng, fmt, n, k, assert_bitwise_equal):
+    raw = _raw_k(rng, n, k, fmt)
+    fw, fs = GF.repack(fmt, raw)
+    np.testing.assert_array_equal(GF.unpack(fmt, fw, fs, n, k), raw)
+    r = pyquant.from_gguf(fmt, raw, shape=(n, k)).repack()
     assert r.layout == "frag" and r.scales.dtype == np.uint16
-    assert_bitwise_equal(np.asarray(r.raw).reshape(fw.shape), fw, f"q4_K weights plane {n}x{k}")
-    assert_bitwise_equal(np.asarray(r.scales).reshape(-1), fs, f"q4_K scales plane {n}x{k}")
-    assert_bitwise_equal(np.asarray(r.repack("canonical").raw), raw, "q4_K round trip through the library")
-    a = _lib.qg_gguf_repack_args(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG, format=_lib.Format.QG_FORMAT_Q4_K,
+    assert_bitwise_equal(np.asarray(r.raw).reshape(fw.shape), fw, f"{fmt} weights plane {n}x{k}")
+    assert_bitwise_equal(np.asarray(r.scales).reshape(-1), fs, f"{fmt} scales plane {n}x{k}")
+    assert_bitwise_equal(np.asarray(r.repack("canonical").raw), raw, f"{fmt} round trip through the library")
+    a = _lib.qg_gguf_repack_args(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG, format=pyquant.formats.get(fmt).qg_format,
                                  n=n, k=k)
     nw, ns = ctypes.c_size_t(0), ctypes.c_size_t(0)
     _lib.qg_gguf_repack_size(ctypes.byref(a), ctypes.byref(nw), ctypes.byref(ns))
     assert (nw.value, ns.value) == (fw.nbytes, fs.nbytes)
 
 
+@pytest.mark.parametrize("fmt", list(SUPER))
 @pytest.mark.parametrize("x_dt", X_DTYPES, ids=["fp32", "fp16", "bf16"])
-def test_q4_k_cpu_tier_on_frag_is_the_block_result(rng, x_dt, assert_bitwise_equal):
+def test_superblock_cpu_tier_on_frag_is_the_block_result(rng, fmt, x_dt, assert_bitwise_equal):
     n, k = 40, 512
-    raw = q4_k.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
-    w = pyquant.from_gguf("q4_K", raw, shape=(n, k)).with_bias(rng.standard_normal(n).astype(np.float32))
+    raw = SUPER[fmt].random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
+    w = pyquant.from_gguf(fmt, raw, shape=(n, k)).with_bias(rng.standard_normal(n).astype(np.float32))
     f = w.repack()
     for m in (1, 3, 17):
         x = rng.standard_normal((m, k)).astype(np.float32).astype(x_dt)
-        assert_bitwise_equal(pyquant.gemm(x, f), pyquant.gemm(x, w), f"q4_K frag vs blocks m={m} x={np.dtype(x_dt)}")
+        assert_bitwise_equal(pyquant.gemm(x, f), pyquant.gemm(x, w), f"{fmt} frag vs blocks m={m} x={np.dtype(x_dt)}")
     assert_bitwise_equal(f.dequantize(), w.dequantize(), "dequantize frag vs blocks")
 
 
-def test_q4_k_frag_refusals(rng):
+@pytest.mark.parametrize("fmt", list(SUPER))
+def test_superblock_frag_refusals(rng, fmt):
     n, k = 16, 256
-    fw, fs = GF.repack("q4_K", _raw_k(rng, n, k))
+    fw, fs = GF.repack(fmt, _raw_k(rng, n, k, fmt))
     with pytest.raises(pyquant.InvalidArgumentError, match=r"frag scales plane has dtype float16"):
-        pyquant.GGUFWeight("q4_K", fw, shape=(n, k), layout="frag", scales=fs.view(np.float16))
+        pyquant.GGUFWeight(fmt, fw, shape=(n, k), layout="frag", scales=fs.view(np.float16))
     with pytest.raises(pyquant.InvalidArgumentError, match=r"frag scales plane holds \d+ elements"):
-        pyquant.GGUFWeight("q4_K", fw, shape=(n, k), layout="frag", scales=fs[:-4])
-    f = pyquant.GGUFWeight("q4_K", fw, shape=(n, k), layout="frag", scales=fs)
-    with pytest.raises(pyquant.InvalidArgumentError, match=r"frag-layout q4_K weight does not shard"):
+        pyquant.GGUFWeight(fmt, fw, shape=(n, k), layout="frag", scales=fs[:-4])
+    f = pyquant.GGUFWeight(fmt, fw, shape=(n, k), layout="frag", scales=fs)
+    with pytest.raises(pyquant.InvalidArgumentError, match=rf"frag-layout {fmt} weight does not shard"):
         f.shard("n", 1, 0)

@@ -121,13 +121,13 @@ def _counted_nbytes(w) -> int:
     MXFP4 weight's planes hold each E8M0 scale as 2 bf16 bytes (4.5 instead of 4.25 bits per
     weight, docs/w4a16-layout.md "MXFP4"): the bench charges the format's 17 bytes per block,
     so the GB/s of the GPU tiers are of the format, not of the layout they chose. Likewise a
-    frag q4_K weight (its 6-bit scales and mins as bytes: 4.625 bits per weight against the
-    blocks' 4.5, pyquant/formats/gguf_frag.py) is charged its 144-byte blocks."""
+    frag q4_K or iq4_xs weight (their 6-bit fields as bytes: 4.625 bits per weight against the
+    blocks' 4.5 and 4.25, pyquant/formats/gguf_frag.py) is charged its blocks."""
     bias = 0 if getattr(w, "bias", None) is None else int(w.bias.nbytes)
     if getattr(w, "format", None) == "mxfp4" and w.layout == "frag":
         n, k = w.shape
         return n * (k // 32) * 17 + bias
-    if getattr(w, "format", None) == "q4_K" and w.layout == "frag":
+    if getattr(w, "format", None) in ("q4_K", "iq4_xs") and w.layout == "frag":
         n, k = w.shape
         return n * (k // w.spec.block_elems) * w.spec.block_bytes + bias
     return w.nbytes

@@ -23,6 +23,11 @@ codes q in element order); the scales plane is uint16, one flat array of two par
 so that a lane (row g of a 16-row block) finds its rows' records where the W4A16 scales are
 and, per 256 elements, one 8-byte word pair: d of rows g | g + 8 << 16, then dmin the same way.
 
+iq4_xs: its weight (d * (ls - 32)) * KVALUES_IQ4NL[q] (q a 4-bit index into the codebook, ls
+6-bit per 32, d fp16 per 256) takes q4_K's planes: the indices as the codes, ls as the record
+(high byte 0), d as q4_K's d and 0 where q4_K's dmin is (4.625 bits a weight against the
+blocks' 4.25).
+
 (RB = Np/16, KT = Kp/64, KC = Kp/128.) The library's CPU repack (src/gguf_layout.cpp) and GPU
 repack (hip/w4a16_repack.hip) must produce these bytes; docs/gguf-layout.md, "The frag layout".
 """
@@ -32,12 +37,15 @@ import numpy as np
 
 from . import gguf_common as gc
 from . import int4_frag as _frag
+from . import iq4_xs as _iq4_xs
 from . import q4_0 as _q4_0
 from . import q4_k as _q4_k
 
-__all__ = ["FORMATS", "GROUP", "plane_shapes", "scales_dtype", "repack", "unpack", "split_q4_k", "decode_magnitudes"]
+__all__ = ["FORMATS", "GROUP", "plane_shapes", "scales_dtype", "repack", "unpack", "split_superblocks",
+           "decode_magnitudes"]
 
-FORMATS = ("q4_0", "q4_K")   # the GGUF formats with a frag layout
+FORMATS = ("q4_0", "q4_K", "iq4_xs")   # the GGUF formats with a frag layout
+_SUPER = {"q4_K": _q4_k, "iq4_xs": _iq4_xs}  # those with the super-block part (q4_K's planes)
 GROUP = 32                   # one scale (q4_0) or record (q4_K) per 32 elements
 
 
@@ -47,7 +55,7 @@ def _check_format(fmt: str) -> None:
 
 
 def scales_dtype(fmt: str) -> np.dtype:
-    """The scales plane's dtype: float16 (q4_0's d) or uint16 (q4_K's integer records and fp16 bits)."""
+    """The scales plane's dtype: float16 (q4_0's d) or uint16 (q4_K's and iq4_xs's integer records and fp16 bits)."""
     _check_format(fmt)
     return np.dtype(np.float16 if fmt == "q4_0" else np.uint16)
 
@@ -81,6 +89,14 @@ def _q4_k_sb_pack(d: np.ndarray, dmin: np.ndarray, n: int, k: int) -> np.ndarray
     return np.ascontiguousarray(pad.reshape(2, rb_, 2, 8, sb_).transpose(1, 4, 3, 0, 2))
 
 
+def _records(fmt: str, blocks: np.ndarray) -> np.ndarray:
+    """[N, nb, bytes] -> the 16-bit records [N, nb, 8] of a super-block format."""
+    if fmt == "q4_K":
+        sc, m = _q4_k.unpack_scales_mins(blocks)
+        return sc.astype(np.uint16) | (m.astype(np.uint16) << 8)
+    return _iq4_xs.unpack_scales(blocks).astype(np.uint16)
+
+
 def repack(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """.gguf blocks uint8 [N, row_bytes] -> (w int32 [RB, KT, 32, 4], the scales plane)."""
     _check_format(fmt)
@@ -89,33 +105,32 @@ def repack(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n, nb, _ = blocks.shape
         codes = _q4_0.unpack_quants(blocks).reshape(n, nb * _q4_0.BLOCK_ELEMS)
         return _frag.pack_nibbles(codes), _frag.pack_scales(_fields(blocks, 0), nb * _q4_0.BLOCK_ELEMS, GROUP).view(np.float16)
-    blocks = gc.check_raw(raw, _q4_k.BLOCK_BYTES, _q4_k.NAME)
+    spec = _SUPER[fmt]
+    blocks = gc.check_raw(raw, spec.BLOCK_BYTES, spec.NAME)
     n, nb, _ = blocks.shape
-    k = nb * _q4_k.BLOCK_ELEMS
-    codes = _q4_k.unpack_quants(blocks).reshape(n, k)
-    sc, m = _q4_k.unpack_scales_mins(blocks)                       # [N, nb, 8]
-    rec = (sc.astype(np.uint16) | (m.astype(np.uint16) << 8)).reshape(n, nb * 8)
-    records = _frag.pack_scales(rec, k, GROUP)
-    sb = _q4_k_sb_pack(_fields(blocks, 0), _fields(blocks, 2), n, k)
+    k = nb * spec.BLOCK_ELEMS
+    codes = spec.unpack_quants(blocks).reshape(n, k)
+    records = _frag.pack_scales(_records(fmt, blocks).reshape(n, nb * 8), k, GROUP)
+    dmin = _fields(blocks, 2) if fmt == "q4_K" else np.zeros((n, nb), np.uint16)
+    sb = _q4_k_sb_pack(_fields(blocks, 0), dmin, n, k)
     return _frag.pack_nibbles(codes), np.concatenate([records.reshape(-1), sb.reshape(-1)])
 
 
-def split_q4_k(scales: np.ndarray, n: int, k: int):
-    """A q4_K scales plane -> (sc [N, K/32] uint8, m [N, K/32] uint8, d [N, K/256] uint16 bits,
-    dmin [N, K/256] uint16 bits), padding dropped."""
+def split_superblocks(scales: np.ndarray, n: int, k: int):
+    """A q4_K / iq4_xs scales plane -> (records [N, K/32] uint16, d [N, K/256] uint16 bits,
+    second field [N, K/256] uint16 bits: q4_K's dmin, iq4_xs's 0), padding dropped."""
     flat = np.asarray(scales).reshape(-1).view(np.uint16)
     nrec = int(np.prod(_frag.plane_shapes(n, k, GROUP)["scales"]))
     rec = _frag.unpack_scales(flat[:nrec], n, k, GROUP)
     rb_, sb_ = _q4_k_sb_shape(n, k)[:2]
     pad = flat[nrec:].reshape(rb_, sb_, 8, 2, 2).transpose(3, 0, 4, 2, 1).reshape(2, rb_ * 16, sb_)
-    return ((rec & 0xFF).astype(np.uint8), (rec >> 8).astype(np.uint8),
-            np.ascontiguousarray(pad[0, :n, : k // 256]), np.ascontiguousarray(pad[1, :n, : k // 256]))
+    return rec, np.ascontiguousarray(pad[0, :n, : k // 256]), np.ascontiguousarray(pad[1, :n, : k // 256])
 
 
 def unpack(fmt: str, w: np.ndarray, scales: np.ndarray, n: int, k: int) -> np.ndarray:
     """Inverse of repack: the .gguf blocks uint8 [N, row_bytes]."""
     _check_format(fmt)
-    spec = _q4_0 if fmt == "q4_0" else _q4_k
+    spec = _SUPER.get(fmt, _q4_0)
     if k % spec.BLOCK_ELEMS:
         raise ValueError(f"k={k} is not a multiple of the {spec.BLOCK_ELEMS}-element {fmt} block")
     nb = k // spec.BLOCK_ELEMS
@@ -127,12 +142,17 @@ def unpack(fmt: str, w: np.ndarray, scales: np.ndarray, n: int, k: int) -> np.nd
         out[..., 0:2] = np.ascontiguousarray(d).view(np.uint8).reshape(n, nb, 2)
         out[..., 2:] = codes[..., :16] | (codes[..., 16:] << 4)
         return out.reshape(n, -1)
-    sc, m, d, dmin = split_q4_k(scales, n, k)
+    rec, d, second = split_superblocks(scales, n, k)
     out[..., 0:2] = d.view(np.uint8).reshape(n, nb, 2)
-    out[..., 2:4] = dmin.view(np.uint8).reshape(n, nb, 2)
-    out[..., 4:16] = _q4_k.pack_scales_mins(sc.reshape(n, nb, 8), m.reshape(n, nb, 8))
-    q = codes.reshape(n, nb, 4, 2, 32)                               # sub-block 2p + i, element
-    out[..., 16:] = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(n, nb, 128)
+    if fmt == "q4_K":
+        out[..., 2:4] = second.view(np.uint8).reshape(n, nb, 2)
+        out[..., 4:16] = _q4_k.pack_scales_mins((rec & 0xFF).reshape(n, nb, 8), (rec >> 8).reshape(n, nb, 8))
+        q = codes.reshape(n, nb, 4, 2, 32)                               # sub-block 2p + i, element
+        out[..., 16:] = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(n, nb, 128)
+    else:
+        out[..., 2:8] = _iq4_xs.pack_scales((rec & 0xFF).reshape(n, nb, 8))
+        q = codes.reshape(n, nb, 8, 32)                                  # sub-block j, element
+        out[..., 8:] = (q[..., :16] | (q[..., 16:] << 4)).reshape(n, nb, 128)
     return out.reshape(n, -1)
 
 
@@ -141,10 +161,11 @@ def decode_magnitudes(fmt: str, raw: np.ndarray) -> np.ndarray:
     (its weights d * (q - 8) are exact). q4_K: |d sc q| + |dmin m|: the decode multiplies the
     group's sum of q * x by d * sc and the group's sum of x by dmin * m and subtracts (one mma
     against a ones fragment gives the x sums), so its float32 rounding scales with both terms,
-    not with their difference (bf16_tile.accumulation_bound's `terms`)."""
+    not with their difference (bf16_tile.accumulation_bound's `terms`). iq4_xs: |w| (the
+    codebook values are exact, d * (ls - 32) applied to the group's float32 sum)."""
     _check_format(fmt)
-    if fmt == "q4_0":
-        return np.abs(_q4_0.dequantize(raw).astype(np.float64))
+    if fmt in ("q4_0", "iq4_xs"):
+        return np.abs((_q4_0 if fmt == "q4_0" else _iq4_xs).dequantize(raw).astype(np.float64))
     blocks = gc.check_raw(raw, _q4_k.BLOCK_BYTES, _q4_k.NAME)
     n, nb, _ = blocks.shape
     d = gc.f16_field(blocks, 0).astype(np.float64)[..., None, None]

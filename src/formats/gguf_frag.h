@@ -15,6 +15,11 @@
 //            row g in the low half and g + 8 in the high one, as the scale words
 // (K % 256 == 0, so KC is even and no chunk straddles a super-block). 4.625 bits a weight
 // against the blocks' 4.5: the 6-bit scales unpacked to bytes. Nothing is rounded.
+//
+// IQ4_XS: its weight (d * (ls - 32)) * kvalues[q] (q: a 4-bit index into the IQ4_NL codebook,
+// ls: 6-bit per 32, d: fp16 per 256) takes Q4_K's planes: the indices as the codes, ls as the
+// record (high byte 0), d where Q4_K's d is and 0 for dmin. 4.625 bits a weight against the
+// blocks' 4.25 (the same planes for both formats; a tighter IQ4_XS plane is left for later).
 #pragma once
 
 #include <stdint.h>
@@ -32,6 +37,8 @@ constexpr int kQ4_KElems = 256;    // a Q4_K super-block
 constexpr int kQ4_KBytes = 144;    // fp16 d, fp16 dmin, scales[12], qs[128]
 constexpr int kQ4_KScales = 4;
 constexpr int kQ4_KCodes = 16;
+constexpr int kIQ4_XSBytes = 136;  // fp16 d, scales_h (uint16), scales_l[4], qs[128]
+constexpr int kIQ4_XSCodes = 8;
 
 // Code q (0..15) of element e (0..31) of a Q4_0 block: qs[e] low nibble for e < 16, qs[e - 16]
 // high nibble above.
@@ -71,7 +78,27 @@ QG_FRAG_HD inline void q4_K_pack_records(const uint16_t (&rec)[8], uint8_t* bloc
     }
 }
 
-// Q4_K's super-block part of the scales plane: its byte offset (the records before it) and
+// Index q (0..15) of element e (0..255) of an IQ4_XS block: sub-block j = e / 32 owns qs[16 j ..
+// 16 j + 15], element i < 16 the low nibble of qs[16 j + i], i + 16 its high nibble.
+QG_FRAG_HD inline uint32_t iq4_xs_code(const uint8_t* block, int e) {
+    const int j = e >> 5, i = e & 31;
+    return (static_cast<uint32_t>(block[kIQ4_XSCodes + 16 * j + (i & 15)]) >> ((i & 16) ? 4 : 0)) & 15u;
+}
+// The record of sub-block j: ls (6 bits: the low 4 in scales_l, the high 2 in scales_h).
+QG_FRAG_HD inline uint16_t iq4_xs_record(const uint8_t* block, int j) {
+    const uint32_t sh = block[2] | (block[3] << 8);
+    return static_cast<uint16_t>(((block[4 + j / 2] >> (4 * (j & 1))) & 15u) | (((sh >> (2 * j)) & 3u) << 4));
+}
+// The inverse: scales_h and scales_l from the 8 records of a block.
+QG_FRAG_HD inline void iq4_xs_pack_records(const uint16_t (&rec)[8], uint8_t* block) {
+    uint32_t sh = 0;
+    for (int j = 0; j < 8; ++j) sh |= ((rec[j] >> 4) & 3u) << (2 * j);
+    block[2] = static_cast<uint8_t>(sh & 0xffu);
+    block[3] = static_cast<uint8_t>(sh >> 8);
+    for (int j = 0; j < 4; ++j) block[4 + j] = static_cast<uint8_t>((rec[2 * j] & 15u) | ((rec[2 * j + 1] & 15u) << 4));
+}
+
+// Q4_K's (and IQ4_XS's) super-block part of the scales plane: its byte offset (the records before it) and
 // the index (in uint16) of the d (f = 0) or dmin (f = 1) of (rb, super-block sb, g, h).
 QG_FRAG_HD inline int64_t q4_K_sb_offset(const frag::Geometry& geo) { return geo.scales_bytes(); }
 QG_FRAG_HD inline int64_t q4_K_sb_index(const frag::Geometry& geo, int64_t rb, int64_t sb, int g, int f, int h) {
@@ -79,11 +106,40 @@ QG_FRAG_HD inline int64_t q4_K_sb_index(const frag::Geometry& geo, int64_t rb, i
 }
 
 // The formats with a frag layout, and the bytes of a format's scales plane (geo of G = 32).
-QG_FRAG_HD inline bool has_frag_layout(int format) { return format == QG_FORMAT_Q4_0 || format == QG_FORMAT_Q4_K; }
-QG_FRAG_HD inline int64_t scales_plane_bytes(int format, const frag::Geometry& geo) {
-    return format == QG_FORMAT_Q4_K ? geo.scales_bytes() + geo.row_blocks * (geo.k_chunks / 2) * 8 * 2 * 2 * 2
-                                    : geo.scales_bytes();
+QG_FRAG_HD inline bool has_frag_layout(int format) {
+    return format == QG_FORMAT_Q4_0 || format == QG_FORMAT_Q4_K || format == QG_FORMAT_IQ4_XS;
 }
+// Formats whose scales plane has the super-block part (Q4_K's planes).
+QG_FRAG_HD inline bool has_superblocks(int format) { return format == QG_FORMAT_Q4_K || format == QG_FORMAT_IQ4_XS; }
+QG_FRAG_HD inline int64_t scales_plane_bytes(int format, const frag::Geometry& geo) {
+    return has_superblocks(format) ? geo.scales_bytes() + geo.row_blocks * (geo.k_chunks / 2) * 8 * 2 * 2 * 2
+                                   : geo.scales_bytes();
+}
+
+// One GGUF block format with a frag layout, as the repacks see it: its block, and where an
+// element's code, a sub-block's record (the scale plane's 16 bits) and the super-block's two
+// fp16 fields (Q4_K: d, dmin; IQ4_XS: d, none) are.
+struct FragFormat {
+    int format, bytes, elems;
+    QG_FRAG_HD explicit FragFormat(int f)
+        : format(f),
+          bytes(f == QG_FORMAT_Q4_K ? kQ4_KBytes : f == QG_FORMAT_IQ4_XS ? kIQ4_XSBytes : kQ4_0Bytes),
+          elems(f == QG_FORMAT_Q4_0 ? kGroup : kQ4_KElems) {}
+    QG_FRAG_HD uint32_t code(const uint8_t* block, int e) const {
+        return format == QG_FORMAT_Q4_K    ? q4_K_code(block, e)
+               : format == QG_FORMAT_IQ4_XS ? iq4_xs_code(block, e)
+                                            : q4_0_code(block, e);
+    }
+    // the 16 bits of sub-block j (0..elems/32-1): Q4_0's d, Q4_K's sc | m << 8, IQ4_XS's ls
+    QG_FRAG_HD uint16_t record(const uint8_t* block, int j) const {
+        return format == QG_FORMAT_Q4_K    ? q4_K_record(block, j)
+               : format == QG_FORMAT_IQ4_XS ? iq4_xs_record(block, j)
+                                            : q4_0_d(block);
+    }
+    QG_FRAG_HD uint16_t field(const uint8_t* block, int f) const {
+        return f == 0 ? f16_at(block, 0) : format == QG_FORMAT_Q4_K ? f16_at(block, 2) : uint16_t(0);
+    }
+};
 
 }  // namespace gguf_frag
 }  // namespace qg
