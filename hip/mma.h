@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "compat.h"
+#include "formats/iq_tables.h"
 #include "elem.h"
 
 namespace qg {
@@ -118,6 +119,47 @@ __device__ __forceinline__ void e2m1_word(uint32_t w, uint32_t (&a)[4]) {
         a[1] = e2m1_scale<XT>((rotl32(w, 2) & kSign) | (rotl32(w, 5) & (kMag << 3)));
         a[2] = e2m1_scale<XT>((rotl32(w, 12) & kSign) | (rotl32(w, 15) & (kMag << 3)));
         a[3] = e2m1_scale<XT>((w & kSign) | (rotl32(w, 3) & 0x0c000c00u) | (rotl32(w, 11) & 0x02000200u));
+    }
+}
+
+// IQ4_NL / IQ4_XS codebook indices -> values. The 16 values + 128 (1..241) are four words of
+// bytes, and one byte lookup of four indices is two byte permutes (entries 0-7, 8-15) and a
+// third choosing per byte by the index's bit 3 (as ggml-cuda's table lookups do).
+__host__ __device__ constexpr uint32_t iq4_table_word(int i) {
+    constexpr int kv[16] = QG_KVALUES_IQ4NL;
+    return static_cast<uint32_t>(kv[4 * i] + 128) | static_cast<uint32_t>(kv[4 * i + 1] + 128) << 8 |
+           static_cast<uint32_t>(kv[4 * i + 2] + 128) << 16 | static_cast<uint32_t>(kv[4 * i + 3] + 128) << 24;
+}
+__device__ __forceinline__ uint32_t iq4_lookup4(uint32_t idx) {  // the 4 indices in bits 0..15
+    const uint32_t i = idx & 0x7777u;
+    const uint32_t lo = __byte_perm(iq4_table_word(0), iq4_table_word(1), i);
+    const uint32_t hi = __byte_perm(iq4_table_word(2), iq4_table_word(3), i);
+    return __byte_perm(lo, hi, ((idx >> 1) & 0x4444u) | 0x3210u);
+}
+
+// One IQ4_XS frag word (8 indices in the W4A16 nibble order) -> the four A registers of its
+// k16 step, each pair (index p, index p + 4) as its two codebook values, exact: the value
+// + 128 as a byte b under an exponent bias. fp16: 1024 + b (one lop3), minus 1152. bf16 spaces
+// 128..255 one apart, so 128 + (b & 127) less 128 (b >= 128: the value >= 0) or 256 (b < 128),
+// the subtrahend's bit 7 being b's bit 7 inverted (one lop3 each). Per word 13 instructions of
+// lookup, then 3 (fp16) or 4 (bf16) a register.
+template <int XT>
+__device__ __forceinline__ void iq4_word(uint32_t w, uint32_t (&a)[4]) {
+    const uint32_t v0 = iq4_lookup4(w), v1 = iq4_lookup4(w >> 16);  // b of indices 0-3, 4-7
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        const uint32_t t = __byte_perm(v0, v1, p | ((p + 4) << 8));  // b of index p, p + 4 at bytes 0, 2
+        uint32_t x;
+        if (XT == ELEM_BF16) {
+            uint32_t y, bias = 0x43004300u, neg = 0xc300c300u;
+            asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(x) : "r"(t), "n"(0x007f007f), "r"(bias));   // (t & m) | c
+            asm("lop3.b32 %0, %1, %2, %3, 0xae;" : "=r"(y) : "r"(t), "n"(0x00800080), "r"(neg));    // (~t & m) | c
+            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(a[p]) : "r"(x), "r"(0x3f803f80u), "r"(y));
+        } else {
+            uint32_t bias = 0x64006400u;
+            asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(x) : "r"(t), "n"(0x00ff00ff), "r"(bias));
+            asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a[p]) : "r"(x), "r"(0x3c003c00u), "r"(0xe480e480u));
+        }
     }
 }
 

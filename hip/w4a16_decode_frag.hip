@@ -101,7 +101,8 @@ __device__ __forceinline__ Q4KGroup q4_k_group(uint32_t rec, uint2 dm) {
 // XT: activation type. MT: n8 tiles of x (1: M <= 8, 2: M <= 16). G: group size (a template
 // argument: every group index below is a compile-time constant). ASYM: zero-points given.
 // CODE: what a nibble codes (WeightCode: W4A16 integers, MXFP4 E2M1 values with G = 32, or
-// GGUF Q4_K codes with G = 32: their group records and super-block words, q4_k_group).
+// GGUF Q4_K codes / IQ4_XS codebook indices with G = 32: their group records and super-block
+// words).
 template <int XT, int MT, int G, bool ASYM, int CODE>
 __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams p) {
 #if defined(QG_HAS_MMA_SYNC)
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
               2 * static_cast<int64_t>(kc) * 32 + lane;
         a.s = p.scales + rec * GC;
         a.z = p.qzeros + rec * GC;
-        if (CODE == CODE_Q4_K) a.dm = p.superblocks + (static_cast<int64_t>(rb0) * (KC / 2) + kc / 2) * 8 + g;
+        if (has_superblocks(CODE)) a.dm = p.superblocks + (static_cast<int64_t>(rb0) * (KC / 2) + kc / 2) * 8 + g;
         return a;
     };
     auto load_unit = [&](UnitRegs<GC>& d, const UnitAddr& a) {
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                 d.w[r][1] = __ldg(a.w + r * w_rb_stride + 32);
                 load_group_words<GC>(d.s[r], a.s + r * s_rb_stride);
                 d.z[r] = ASYM ? load_group_bytes<GC>(a.z + r * s_rb_stride) : 0u;
-                if (CODE == CODE_Q4_K) d.dm[r] = __ldg(a.dm + r * (KC / 2) * 8);
+                if (has_superblocks(CODE)) d.dm[r] = __ldg(a.dm + r * (KC / 2) * 8);
             } else {  // a row block past N (padding of the last row tile): zeros, never stored
                 d.w[r][0] = d.w[r][1] = make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
             const int c = ks / STEPS_PER_GROUP;  // group inside the chunk (compile-time)
-            if (CODE != CODE_E2M1 && ks % STEPS_PER_GROUP == 0) {
+            if ((CODE == CODE_INT4 || CODE == CODE_Q4_K) && ks % STEPS_PER_GROUP == 0) {
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
                     // symmetric: z = 8; Q4_K: the codes themselves (z = 0)
@@ -262,6 +263,8 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                 uint32_t a[4];
                 if constexpr (CODE == CODE_E2M1)
                     e2m1_word<XT>(w, a);
+                else if constexpr (CODE == CODE_IQ4_XS)
+                    iq4_word<XT>(w, a);
                 else
                     dequant_word<XT>(w, zp[r], a);
 #pragma unroll
@@ -286,6 +289,24 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                 }
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) xsum[mt][0] = xsum[mt][1] = xsum[mt][2] = xsum[mt][3] = 0.f;
+            } else if (CODE == CODE_IQ4_XS && (ks + 1) % STEPS_PER_GROUP == 0) {
+                // the group closes: acc += (d (ls - 32)) * sum(kv x), the product exact (11 x 6 bits)
+#pragma unroll
+                for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
+                    const uint32_t rec = d.s[r][c];
+                    const float s_lo = bits_to_float(static_cast<uint16_t>(d.dm[r].x & 0xffffu), ELEM_F16) *
+                                       static_cast<float>(static_cast<int>(rec & 0xffu) - 32);
+                    const float s_hi = bits_to_float(static_cast<uint16_t>(d.dm[r].x >> 16), ELEM_F16) *
+                                       static_cast<float>(static_cast<int>((rec >> 16) & 0xffu) - 32);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        acc[r][mt][0] = fmaf(s_lo, grp[r][mt][0], acc[r][mt][0]);
+                        acc[r][mt][1] = fmaf(s_lo, grp[r][mt][1], acc[r][mt][1]);
+                        acc[r][mt][2] = fmaf(s_hi, grp[r][mt][2], acc[r][mt][2]);
+                        acc[r][mt][3] = fmaf(s_hi, grp[r][mt][3], acc[r][mt][3]);
+                        grp[r][mt][0] = grp[r][mt][1] = grp[r][mt][2] = grp[r][mt][3] = 0.f;
+                    }
+                }
             } else if ((ks + 1) % STEPS_PER_GROUP == 0) {  // the group closes: acc += s * its sum
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
@@ -438,6 +459,11 @@ const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, in
     if (code == CODE_Q4_K && x_type == XT && mt == MT && group_size == 32 && !asym)         \
         return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_Q4_K>);
     QG_Q4_K_FRAG_KERNELS(QG_CASE)
+#undef QG_CASE
+#define QG_CASE(XT, MT)                                                                      \
+    if (code == CODE_IQ4_XS && x_type == XT && mt == MT && group_size == 32 && !asym)       \
+        return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_IQ4_XS>);
+    QG_IQ4_XS_FRAG_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;
 }

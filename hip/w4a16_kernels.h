@@ -21,10 +21,13 @@ namespace w4a16 {
 // What a frag-layout nibble codes: a W4A16 integer q (the weight is (q - z) * s), an MXFP4
 // E2M1 value (the weight is e2m1(q) * s, G = 32, s = 2^(e - 127) from the E8M0 byte), or a
 // GGUF Q4_K code (the weight is (d * sc) * q - dmin * m, G = 32: the scale words hold the
-// records sc | m << 8 of src/formats/gguf_frag.h, `superblocks` the fp16 d and dmin per 256).
-// The frag kernels serve all three; the nibble-to-A-register step and the group's epilogue
-// differ.
-enum WeightCode { CODE_INT4 = 0, CODE_E2M1 = 1, CODE_Q4_K = 2 };
+// records sc | m << 8 of src/formats/gguf_frag.h, `superblocks` the fp16 d and dmin per 256),
+// or a GGUF IQ4_XS codebook index (the weight is (d * (ls - 32)) * kvalues[q], G = 32: the
+// records hold ls, `superblocks` d). The frag kernels serve all four; the nibble-to-A-register
+// step and the group's epilogue differ.
+enum WeightCode { CODE_INT4 = 0, CODE_E2M1 = 1, CODE_Q4_K = 2, CODE_IQ4_XS = 3 };
+// The codes whose scale words are records with super-block words (src/formats/gguf_frag.h).
+__host__ __device__ constexpr bool has_superblocks(int code) { return code == CODE_Q4_K || code == CODE_IQ4_XS; }
 
 // ---------------------------------------------------------------- decode_mma (canonical, v5)
 struct Params {
@@ -116,7 +119,7 @@ struct FragParams {
     int y_type;              // ELEM_F16, ELEM_BF16 or ELEM_F32
     int max_contributors;    // most thread blocks sharing one row tile
     BiasRef bias;            // [N], added to each output once (after the split sum)
-    const uint2* superblocks;  // CODE_Q4_K: [RB][KC/2][8 g] (d[g] | d[g+8] << 16, dmin the same), fp16 bits
+    const uint2* superblocks;  // CODE_Q4_K / IQ4_XS: [RB][KC/2][8 g] (d[g] | d[g+8] << 16, dmin or 0 the same), fp16 bits
 };
 
 // Thread block: 8 warps, each owning 2 row blocks (32 weight rows): 256 rows per block.
@@ -155,6 +158,7 @@ const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, in
 // MXFP4 (CODE_E2M1) and GGUF Q4_K (CODE_Q4_K): G = 32, no zero-points
 #define QG_MXFP4_FRAG_KERNELS(X) X(ELEM_F16, 1) X(ELEM_F16, 2) X(ELEM_BF16, 1) X(ELEM_BF16, 2)
 #define QG_Q4_K_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
+#define QG_IQ4_XS_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
 
 // ---------------------------------------------------------------- prefill_wgmma (frag, sm_90a)
 // Thread block: 2 warpgroups (8 warps); warp w owns row block w of the block's 128 weight
@@ -214,14 +218,15 @@ struct PrefillSmem {
 // s = hi + lo (an fp16 significand has 11 bits, bf16 8, so lo holds the other 3), then
 // (q - z) * lo, exact, and one fused multiply-add (q - z) * hi + that: the same single
 // rounding of the exact product, two instructions a register instead of one. fp16 x keeps the
-// fp32 group scale (FOLD_NONE: 15 s can overflow fp16 where fp32 does not). GGUF Q4_K
-// (FOLD_FP32, either x type) computes each weight as the gguf package does in float32,
+// fp32 group scale (FOLD_NONE: 15 s can overflow fp16 where fp32 does not). GGUF Q4_K and
+// IQ4_XS (FOLD_FP32, either x type) compute each weight as the gguf package does in float32,
 // (d * sc) * q - dmin * m (the product exact, so one fused multiply-add rounds as its multiply
-// and subtract do), rounded once to x's type (bf16, or fp16, which overflows to inf only past
-// 65504). The launcher's plan and the kernel list below both ask prefill_fold.
+// and subtract do) or (d * (ls - 32)) * kvalues[q], rounded once to x's type (bf16, or fp16,
+// which overflows to inf only past 65504). The launcher's plan and the kernel list below both
+// ask prefill_fold.
 enum PrefillFold { FOLD_NONE = 0, FOLD_BF16 = 1, FOLD_F16 = 2, FOLD_FP32 = 3 };
 __host__ __device__ constexpr int prefill_fold(int x_type, int scale_type, int code = CODE_INT4) {
-    return code == CODE_Q4_K             ? FOLD_FP32
+    return has_superblocks(code)         ? FOLD_FP32
            : x_type != ELEM_BF16         ? FOLD_NONE
            : scale_type == ELEM_BF16     ? FOLD_BF16
                                          : FOLD_F16;
@@ -252,9 +257,11 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
 // bf16 only
 #define QG_MXFP4_PREFILL_KERNELS(X) \
     X(ELEM_F16, 128) X(ELEM_BF16, 128) X(ELEM_F16, 64) X(ELEM_BF16, 64) X(ELEM_BF16, 256)
-// GGUF Q4_K (CODE_Q4_K, FOLD_FP32): G = 32, no zero-points, every tile for both x types
+// GGUF Q4_K and IQ4_XS (CODE_Q4_K, CODE_IQ4_XS; FOLD_FP32): G = 32, no zero-points, every tile
+// for both x types
 #define QG_Q4_K_PREFILL_KERNELS(X) \
     X(ELEM_F16, 64) X(ELEM_F16, 128) X(ELEM_F16, 256) X(ELEM_BF16, 64) X(ELEM_BF16, 128) X(ELEM_BF16, 256)
+#define QG_IQ4_XS_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
 #endif
 
 // ---------------------------------------------------------------- repack (canonical -> frag)

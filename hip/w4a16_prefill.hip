@@ -74,7 +74,7 @@ __device__ __forceinline__ void load_chunk(Chunk<GC>& c, const PrefillParams& p,
         c.dm = make_uint2(0, 0);
         return;
     }
-    if (CODE == CODE_Q4_K)
+    if (has_superblocks(CODE))
         c.dm = __ldg(p.superblocks + (static_cast<int64_t>(rb) * (p.k_chunks / 2) + kc / 2) * 8 + (lane >> 2));
     const uint4* w = reinterpret_cast<const uint4*>(p.qweight) +
                      (static_cast<int64_t>(rb) * p.k_tiles + 2 * static_cast<int64_t>(kc)) * 32 + lane;
@@ -226,6 +226,34 @@ __device__ __forceinline__ void q4_k_tile(uint32_t (&a)[4][4], const uint4& w, c
     }
 }
 
+// CODE_IQ4_XS (FOLD_FP32): as q4_k_tile, each weight (d * (ls - 32)) * kvalues[q] in float32
+// (the gguf package's two float32 multiplies; d * (ls - 32) is exact) rounded once to x's type,
+// the codebook values exact fp16 pairs (iq4_word) widened to float32.
+template <int XT>
+__device__ __forceinline__ void iq4_xs_tile(uint32_t (&a)[4][4], const uint4& w, const uint32_t (&rec)[4], uint2 dm,
+                                            int h) {
+    const float d_g = bits_to_float(static_cast<uint16_t>(dm.x & 0xffffu), ELEM_F16);
+    const float d_g8 = bits_to_float(static_cast<uint16_t>(dm.x >> 16), ELEM_F16);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const uint32_t r = rec[2 * h + half];
+        const float s[2] = {d_g * static_cast<float>(static_cast<int>(r & 0xffu) - 32),
+                            d_g8 * static_cast<float>(static_cast<int>((r >> 16) & 0xffu) - 32)};
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+            const int j = 2 * half + jj;
+            uint32_t v[4];  // the codebook values as fp16 pairs (pair p: indices p and p + 4), exact
+            iq4_word<ELEM_F16>(words[j], v);
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+                const __half2 vh = *reinterpret_cast<const __half2*>(&v[p]);
+                a[j][p] = pack_x2<XT>(s[p & 1] * __low2float(vh), s[p & 1] * __high2float(vh));
+            }
+        }
+    }
+}
+
 // The x ring in shared memory by address (computed once per block, so that the generic-to-shared
 // conversion stays out of the loop): STAGES tiles of B_BYTES from `tiles`, then a `full` and an
 // `empty` mbarrier per stage, 8 bytes each.
@@ -306,6 +334,8 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
             // zero-points of the four k16 steps: step j of half h is in group (64 h + 16 j) / G
             if constexpr (CODE == CODE_Q4_K) {
                 q4_k_tile<XT>(a[h], cur.w[h], cur.s, cur.dm, h);
+            } else if constexpr (CODE == CODE_IQ4_XS) {
+                iq4_xs_tile<XT>(a[h], cur.w[h], cur.s, cur.dm, h);
             } else if constexpr (CODE == CODE_E2M1) {
                 const uint32_t words[4] = {cur.w[h].x, cur.w[h].y, cur.w[h].z, cur.w[h].w};
 #pragma unroll
@@ -479,7 +509,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
 #if defined(QG_HAS_WGMMA)
     static_assert(FOLD == FOLD_NONE || FOLD == FOLD_FP32 || XT == ELEM_BF16,
                   "the fold multiplies bf16 A registers by their scales");
-    static_assert((CODE == CODE_Q4_K) == (FOLD == FOLD_FP32), "Q4_K's weights are computed in float32 (FOLD_FP32)");
+    static_assert(has_superblocks(CODE) == (FOLD == FOLD_FP32), "Q4_K's and IQ4_XS's weights are computed in float32 (FOLD_FP32)");
     static_assert(BN < 256 || FOLD, "a 256-token tile leaves no registers for the group sums");
     typedef PrefillSmem<BN> Sm;
     constexpr int STAGES = Sm::STAGES;
@@ -584,6 +614,12 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
         return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q4_K, FOLD_FP32, true>) \
                         : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q4_K, FOLD_FP32, false>);
     QG_Q4_K_PREFILL_KERNELS(QG_CASE)
+#undef QG_CASE
+#define QG_CASE(XT, BN)                                                                                     \
+    if (code == CODE_IQ4_XS && x_type == XT && bn == BN && group_size == 32 && !asym)                       \
+        return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_IQ4_XS, FOLD_FP32, true>) \
+                        : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_IQ4_XS, FOLD_FP32, false>);
+    QG_IQ4_XS_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;
 }

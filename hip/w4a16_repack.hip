@@ -34,12 +34,9 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const Repa
         const int64_t k = kt * frag::kKTile + frag::nibble_k(lane, s, j);
         if (n < p.n && k < p.k) {
             uint32_t q;
-            if (p.gguf != nullptr) {  // GGUF Q4_0 / Q4_K: the code straight from its block
-                q = p.gguf_format == QG_FORMAT_Q4_K
-                        ? gguf_frag::q4_K_code(p.gguf + n * p.ldw + (k / 256) * gguf_frag::kQ4_KBytes,
-                                               static_cast<int>(k % 256))
-                        : gguf_frag::q4_0_code(p.gguf + n * p.ldw + (k / 32) * gguf_frag::kQ4_0Bytes,
-                                               static_cast<int>(k % 32));
+            if (p.gguf != nullptr) {  // GGUF Q4_0 / Q4_K / IQ4_XS: the code straight from its block
+                const gguf_frag::FragFormat ff(p.gguf_format);
+                q = ff.code(p.gguf + n * p.ldw + (k / ff.elems) * ff.bytes, static_cast<int>(k % ff.elems));
             } else {
                 const uint32_t w = p.qweight[source_row(p, n) * (p.k / 8) + k / 8];
                 q = (w >> (4 * (k % 8))) & 15u;
@@ -51,9 +48,9 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const Repa
 }
 
 // Output record (rb, kc, g, c): the scales of rows g and g+8 for group kc * GC + c (W4A16:
-// copied; MXFP4: E8M0 bytes as bf16; GGUF Q4_0: each block's d; Q4_K: each sub-block's record
-// sc | m << 8, and where kc is even and c = 0 the d and dmin of the super-block), and their
-// zero byte.
+// copied; MXFP4: E8M0 bytes as bf16; GGUF Q4_0: each block's d; Q4_K / IQ4_XS: each
+// sub-block's record, and where kc is even and c = 0 the super-block's fields), and their zero
+// byte.
 __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_scales(const RepackParams p) {
     const frag::Geometry geo(p.n, p.k, p.group_size);
     const int64_t i = static_cast<int64_t>(blockIdx.x) * REPACK_THREADS + threadIdx.x;
@@ -63,7 +60,8 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_scales(const Repac
     const int64_t rbkc = i / (8 * geo.groups_per_chunk);
     const int64_t rb = rbkc / geo.k_chunks, kc = rbkc % geo.k_chunks;
     const int64_t grp = kc * geo.groups_per_chunk + c;
-    const bool q4_K = p.gguf != nullptr && p.gguf_format == QG_FORMAT_Q4_K;
+    const bool super = p.gguf != nullptr && gguf_frag::has_superblocks(p.gguf_format);
+    const gguf_frag::FragFormat ff(p.gguf != nullptr ? p.gguf_format : QG_FORMAT_Q4_0);
     uint32_t zb = 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -71,18 +69,18 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_scales(const Repac
         const bool real = n < p.n && grp < geo.groups;
         const int64_t src = source_row(p, n) * geo.groups + grp;
         p.out_scales[2 * i + h] =
-            !real   ? 0
-            : q4_K  ? gguf_frag::q4_K_record(p.gguf + n * p.ldw + (grp / 8) * gguf_frag::kQ4_KBytes, static_cast<int>(grp % 8))
-            : p.gguf ? gguf_frag::q4_0_d(p.gguf + n * p.ldw + grp * gguf_frag::kQ4_0Bytes)
+            !real    ? 0
+            : p.gguf ? ff.record(p.gguf + n * p.ldw + (grp * 32 / ff.elems) * ff.bytes,
+                                 static_cast<int>((grp * 32 % ff.elems) / 32))
             : p.e8m0 ? frag::e8m0_bf16(p.e8m0[src])
                      : p.scales[src];
         if (p.qzeros != nullptr && real) zb |= ((p.qzeros[(n / 8) * geo.groups + grp] >> (4 * (n % 8))) & 15u) << (4 * h);
-        if (q4_K && kc % 2 == 0 && c == 0) {  // super-block kc / 2 of row n: d, dmin
-            const uint8_t* block = p.gguf + n * p.ldw + (kc / 2) * gguf_frag::kQ4_KBytes;
+        if (super && kc % 2 == 0 && c == 0) {  // super-block kc / 2 of row n: its two fields
+            const uint8_t* block = p.gguf + n * p.ldw + (kc / 2) * ff.bytes;
             const bool in = n < p.n;  // K % 256 == 0: every super-block of a real row is real
             uint16_t* sb = p.out_scales + gguf_frag::q4_K_sb_offset(geo) / 2;
-            sb[gguf_frag::q4_K_sb_index(geo, rb, kc / 2, g, 0, h)] = in ? gguf_frag::f16_at(block, 0) : 0;
-            sb[gguf_frag::q4_K_sb_index(geo, rb, kc / 2, g, 1, h)] = in ? gguf_frag::f16_at(block, 2) : 0;
+            sb[gguf_frag::q4_K_sb_index(geo, rb, kc / 2, g, 0, h)] = in ? ff.field(block, 0) : 0;
+            sb[gguf_frag::q4_K_sb_index(geo, rb, kc / 2, g, 1, h)] = in ? ff.field(block, 1) : 0;
         }
     }
     if (p.out_qzeros != nullptr) p.out_qzeros[i] = static_cast<uint8_t>(zb);

@@ -16,15 +16,22 @@ namespace frag_launch {
 
 // Names for QG_LOG lines: the family of a code, and what its nibbles and scales are.
 inline const char* family_name(int code) {
-    return code == w4a16::CODE_E2M1 ? "mxfp4" : code == w4a16::CODE_Q4_K ? "gguf q4_K" : "w4a16";
+    return code == w4a16::CODE_E2M1     ? "mxfp4"
+           : code == w4a16::CODE_Q4_K   ? "gguf q4_K"
+           : code == w4a16::CODE_IQ4_XS ? "gguf iq4_xs"
+                                        : "w4a16";
 }
 inline const char* code_name(int code, bool asym) {
-    return code == w4a16::CODE_E2M1 ? "e2m1" : code == w4a16::CODE_Q4_K ? "q4_K" : asym ? "asym" : "sym";
+    return code == w4a16::CODE_E2M1     ? "e2m1"
+           : code == w4a16::CODE_Q4_K   ? "q4_K"
+           : code == w4a16::CODE_IQ4_XS ? "iq4_xs"
+           : asym                       ? "asym"
+                                        : "sym";
 }
-// CODE_Q4_K: the d / dmin words, after the records in the call's scales plane
-// (src/formats/gguf_frag.h); nullptr for the other codes.
+// CODE_Q4_K / CODE_IQ4_XS: the super-block words, after the records in the call's scales
+// plane (src/formats/gguf_frag.h); nullptr for the other codes.
 inline const uint2* q4_k_superblocks(const qg_w4a16_gemm_args& a, int code) {
-    if (code != w4a16::CODE_Q4_K) return nullptr;
+    if (!w4a16::has_superblocks(code)) return nullptr;
     const frag::Geometry geo(a.n, a.k, a.group_size);
     return reinterpret_cast<const uint2*>(static_cast<const char*>(a.scales) + gguf_frag::q4_K_sb_offset(geo));
 }

@@ -1,9 +1,9 @@
 // GGUF frag-layout GPU tiers: their table entries (src/tier_table.h) and the device repack. A
 // Q4_0 weight in the frag layout (qg_gguf_repack) is a W4A16 frag weight of G = 32, symmetric,
-// with fp16 scales, and a Q4_K one the same planes with its records and super-block words
-// (src/formats/gguf_frag.h), so both tiers are the W4A16 frag kernels (src/gpu/frag_launch.h)
-// on the same call stated in W4A16 terms, Q4_K with its own code (CODE_Q4_K). Arguments were
-// validated by src/api.cpp.
+// with fp16 scales, and a Q4_K or IQ4_XS one the same planes with its records and super-block
+// words (src/formats/gguf_frag.h), so both tiers are the W4A16 frag kernels
+// (src/gpu/frag_launch.h) on the same call stated in W4A16 terms, Q4_K and IQ4_XS with their own
+// codes (CODE_Q4_K, CODE_IQ4_XS). Arguments were validated by src/api.cpp.
 #include <stdint.h>
 
 #include "formats/gguf_frag.h"
@@ -30,7 +30,7 @@ qg_w4a16_gemm_args as_frag_call(const Args& a) {
     w.ldx = a.ldx;
     w.qweight = static_cast<const int32_t*>(a.w);
     w.scales = a.w_scales;
-    w.qzeros = nullptr;  // Q4_0's d * (q - 8): z = 8; Q4_K: no zero-points (CODE_Q4_K)
+    w.qzeros = nullptr;  // Q4_0's d * (q - 8): z = 8; Q4_K, IQ4_XS: no zero-points (their codes)
     w.y = a.y;
     w.ldy = a.ldy;
     w.workspace = a.workspace;
@@ -56,7 +56,9 @@ bool frag_call(const qg_context* ctx, const Args& a, const char** why) {
 }
 
 // What the frag kernels take the nibbles for.
-int code_of(const Args& a) { return a.format == QG_FORMAT_Q4_K ? CODE_Q4_K : CODE_INT4; }
+int code_of(const Args& a) {
+    return a.format == QG_FORMAT_Q4_K ? CODE_Q4_K : a.format == QG_FORMAT_IQ4_XS ? CODE_IQ4_XS : CODE_INT4;
+}
 
 bool decode_usable(const qg_context* ctx, const Args& a, const char** why) {
     return frag_call(ctx, a, why) && frag_launch::decode_usable(ctx, as_frag_call(a), why);
@@ -85,7 +87,7 @@ const Tier<Args> gpu_gguf_decode_frag_tier = {QG_GPU_RUNTIME_NAME ":decode_frag"
 const Tier<Args> gpu_gguf_prefill_frag_tier = {QG_GPU_RUNTIME_NAME ":prefill_frag", 5, prefill_usable,
                                                prefill_workspace, prefill_launch};
 
-// The W4A16 repack kernels reading the codes and scales of the Q4_0 or Q4_K blocks
+// The W4A16 repack kernels reading the codes and scales of the Q4_0, Q4_K or IQ4_XS blocks
 // (src/formats/gguf_frag.h).
 qg_status gpu_gguf_repack(const qg_context*, const qg_gguf_repack_args& a, qg_stream stream) {
     RepackParams p{};

@@ -307,7 +307,10 @@ qg_status frag_launch::decode(const qg_context* ctx, const Args& a, int code, qg
         a, p, plan.mt, plan.blocks, FRAG_THREADS,
         [&](int mt) { return decode_frag_kernel(x_type, mt, a.group_size, asym, code); },
         [&](int mt) { return frag_smem(mt, a.group_size); }, stream,
-        code == CODE_E2M1 ? "mxfp4 decode_frag" : code == CODE_Q4_K ? "gguf q4_K decode_frag" : "w4a16 decode_frag");
+        code == CODE_E2M1       ? "mxfp4 decode_frag"
+        : code == CODE_Q4_K     ? "gguf q4_K decode_frag"
+        : code == CODE_IQ4_XS   ? "gguf iq4_xs decode_frag"
+                                : "w4a16 decode_frag");
 }
 
 namespace {

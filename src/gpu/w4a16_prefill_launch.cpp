@@ -183,6 +183,7 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
 #if defined(QG_HAVE_TENSOR_MAPS)
     const char* what = code == CODE_E2M1   ? "mxfp4 prefill_wgmma"
                        : code == CODE_Q4_K ? "gguf q4_K prefill_wgmma"
+                       : code == CODE_IQ4_XS ? "gguf iq4_xs prefill_wgmma"
                                            : "w4a16 prefill_wgmma";
     const frag::Geometry geo(a.n, a.k, a.group_size);
     const int bn = pl.bn;
@@ -222,7 +223,7 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
                  "smem %d",
                  what, static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k),
                  a.group_size, frag_launch::code_name(code, a.qzeros != nullptr),
-                 code == CODE_Q4_K ? " (weights in float32, rounded once into A)" : pl.fold ? " (scale folded into A)" : "", bn, static_cast<long long>(pl.tiles),
+                 has_superblocks(code) ? " (weights in float32, rounded once into A)" : pl.fold ? " (scale folded into A)" : "", bn, static_cast<long long>(pl.tiles),
                  static_cast<long long>(pl.row_tiles), static_cast<long long>(pl.token_tiles),
                  pl.stream_k ? "stream-K over blocks:" : "a block a tile, blocks:",
                  static_cast<long long>(pl.stream_k ? pl.grid : pl.tiles), smem);
