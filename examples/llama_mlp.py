@@ -50,7 +50,7 @@ class MLP:
         self.eps = float(ckpt.metadata.get("llama.attention.layer_norm_rms_epsilon", 1e-5))
         self.gpu = pyquant.gpu_available()
         if self.gpu:  # one copy of each weight in device memory, rows padded for the GPU tier
-            # (q4_0 repacked for the frag kernels, which take 16-bit x: fp32 x keeps the blocks)
+            # (q4_0, q4_K, iq4_xs repacked for the frag kernels, which take 16-bit x: fp32 x keeps the blocks)
             ctx = pyquant.gpu_context()
             layout = "canonical" if np.dtype(x_dtype) == np.float32 else "auto"
             self.gate, self.up, self.down = (w.to_device(ctx, layout=layout) for w in (self.gate, self.up, self.down))
