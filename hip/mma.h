@@ -163,6 +163,33 @@ __device__ __forceinline__ void iq4_word(uint32_t w, uint32_t (&a)[4]) {
     }
 }
 
+// A GGUF super-block format's group (CODE_Q4_K, CODE_IQ4_XS of hip/w4a16_kernels.h) for a lane's
+// rows g (lo) and g + 8 (hi): weight = s * value - b, from the group's record word (row g's
+// 16 bits low, g + 8's high) and the super-block's fp16 words dm (d; Q4_K's dmin). Q4_K:
+// s = d * sc, b = dmin * m, value = q; IQ4_XS: s = d * (ls - 32), b = 0, value = kvalues[q].
+// Every product is exact in float32 (11 x 6 bits), as the gguf package's are.
+struct SuperGroup {
+    float s_lo, s_hi, b_lo, b_hi;
+};
+template <bool Q4_K>
+__device__ __forceinline__ SuperGroup superblock_group(uint32_t rec, uint2 dm) {
+    const float d_lo = __half2float(__ushort_as_half(static_cast<unsigned short>(dm.x & 0xffffu)));
+    const float d_hi = __half2float(__ushort_as_half(static_cast<unsigned short>(dm.x >> 16)));
+    SuperGroup q;
+    if (Q4_K) {
+        q.s_lo = d_lo * static_cast<float>(rec & 0xffu);
+        q.s_hi = d_hi * static_cast<float>((rec >> 16) & 0xffu);
+        q.b_lo = __half2float(__ushort_as_half(static_cast<unsigned short>(dm.y & 0xffffu))) *
+                 static_cast<float>((rec >> 8) & 0xffu);
+        q.b_hi = __half2float(__ushort_as_half(static_cast<unsigned short>(dm.y >> 16))) * static_cast<float>(rec >> 24);
+    } else {
+        q.s_lo = d_lo * static_cast<float>(static_cast<int>(rec & 0xffu) - 32);
+        q.s_hi = d_hi * static_cast<float>(static_cast<int>((rec >> 16) & 0xffu) - 32);
+        q.b_lo = q.b_hi = 0.0f;
+    }
+    return q;
+}
+
 // a * m on two bf16 (an fma with -0, which keeps a negative zero's sign).
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t m) {
     uint32_t out;

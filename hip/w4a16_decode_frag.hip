@@ -47,7 +47,7 @@ struct UnitRegs {
     uint4 w[FRAG_RB_PER_WARP][2];
     uint32_t s[FRAG_RB_PER_WARP][GC];
     uint32_t z[FRAG_RB_PER_WARP];
-    uint2 dm[FRAG_RB_PER_WARP];  // CODE_Q4_K: the super-block's d and dmin words
+    uint2 dm[FRAG_RB_PER_WARP];  // CODE_Q4_K / IQ4_XS: the super-block words (d; dmin)
 };
 
 template <int GC>
@@ -75,25 +75,9 @@ struct UnitAddr {
     const uint4* w;        // tile (rb0, 2 kc), this lane's 16 bytes
     const uint32_t* s;     // scale record (rb0, kc), lane row g
     const uint8_t* z;      // zero record (rb0, kc), lane row g
-    const uint2* dm;       // CODE_Q4_K: d / dmin words (rb0, kc / 2), lane row g
+    const uint2* dm;       // CODE_Q4_K / IQ4_XS: the super-block words (rb0, kc / 2), lane row g
     bool in[FRAG_RB_PER_WARP];
 };
-
-// CODE_Q4_K: the scale d * sc and the offset dmin * m of a lane's rows g (lo) and g + 8 (hi)
-// for one 32-element group, from its record word (sc | m << 8 of row g, then of g + 8) and the
-// super-block's d and dmin words. Both products are exact in float32 (11 x 6 bits), as the
-// gguf package's are.
-struct Q4KGroup {
-    float s_lo, s_hi, b_lo, b_hi;
-};
-__device__ __forceinline__ Q4KGroup q4_k_group(uint32_t rec, uint2 dm) {
-    Q4KGroup q;
-    q.s_lo = bits_to_float(static_cast<uint16_t>(dm.x & 0xffffu), ELEM_F16) * static_cast<float>(rec & 0xffu);
-    q.s_hi = bits_to_float(static_cast<uint16_t>(dm.x >> 16), ELEM_F16) * static_cast<float>((rec >> 16) & 0xffu);
-    q.b_lo = bits_to_float(static_cast<uint16_t>(dm.y & 0xffffu), ELEM_F16) * static_cast<float>((rec >> 8) & 0xffu);
-    q.b_hi = bits_to_float(static_cast<uint16_t>(dm.y >> 16), ELEM_F16) * static_cast<float>(rec >> 24);
-    return q;
-}
 
 }  // namespace
 #endif
@@ -273,40 +257,23 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
                     mma16816<XT>(grp[r][mt], a[0], a[1], a[2], a[3], bfrag[mt][bh], bfrag[mt][bh + 1]);
                 }
             }
-            if (CODE == CODE_Q4_K && (ks + 1) % STEPS_PER_GROUP == 0) {
-                // the group closes: acc += (d sc) * sum(q x) - (dmin m) * sum(x)
+            if (has_superblocks(CODE) && (ks + 1) % STEPS_PER_GROUP == 0) {
+                // the group closes: acc += s * sum(value x) - b * sum(x) (superblock_group; IQ4_XS: b = 0)
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
-                    const Q4KGroup q = q4_k_group(d.s[r][c], d.dm[r]);
+                    const SuperGroup q = superblock_group<CODE == CODE_Q4_K>(d.s[r][c], d.dm[r]);
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
-                        acc[r][mt][0] = fmaf(-q.b_lo, xsum[mt][0], fmaf(q.s_lo, grp[r][mt][0], acc[r][mt][0]));
-                        acc[r][mt][1] = fmaf(-q.b_lo, xsum[mt][1], fmaf(q.s_lo, grp[r][mt][1], acc[r][mt][1]));
-                        acc[r][mt][2] = fmaf(-q.b_hi, xsum[mt][2], fmaf(q.s_hi, grp[r][mt][2], acc[r][mt][2]));
-                        acc[r][mt][3] = fmaf(-q.b_hi, xsum[mt][3], fmaf(q.s_hi, grp[r][mt][3], acc[r][mt][3]));
-                        grp[r][mt][0] = grp[r][mt][1] = grp[r][mt][2] = grp[r][mt][3] = 0.f;
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            acc[r][mt][i] = fmaf(i < 2 ? q.s_lo : q.s_hi, grp[r][mt][i], acc[r][mt][i]);
+                            if (CODE == CODE_Q4_K) acc[r][mt][i] = fmaf(-(i < 2 ? q.b_lo : q.b_hi), xsum[mt][i], acc[r][mt][i]);
+                            grp[r][mt][i] = 0.f;
+                        }
                     }
                 }
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) xsum[mt][0] = xsum[mt][1] = xsum[mt][2] = xsum[mt][3] = 0.f;
-            } else if (CODE == CODE_IQ4_XS && (ks + 1) % STEPS_PER_GROUP == 0) {
-                // the group closes: acc += (d (ls - 32)) * sum(kv x), the product exact (11 x 6 bits)
-#pragma unroll
-                for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
-                    const uint32_t rec = d.s[r][c];
-                    const float s_lo = bits_to_float(static_cast<uint16_t>(d.dm[r].x & 0xffffu), ELEM_F16) *
-                                       static_cast<float>(static_cast<int>(rec & 0xffu) - 32);
-                    const float s_hi = bits_to_float(static_cast<uint16_t>(d.dm[r].x >> 16), ELEM_F16) *
-                                       static_cast<float>(static_cast<int>((rec >> 16) & 0xffu) - 32);
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        acc[r][mt][0] = fmaf(s_lo, grp[r][mt][0], acc[r][mt][0]);
-                        acc[r][mt][1] = fmaf(s_lo, grp[r][mt][1], acc[r][mt][1]);
-                        acc[r][mt][2] = fmaf(s_hi, grp[r][mt][2], acc[r][mt][2]);
-                        acc[r][mt][3] = fmaf(s_hi, grp[r][mt][3], acc[r][mt][3]);
-                        grp[r][mt][0] = grp[r][mt][1] = grp[r][mt][2] = grp[r][mt][3] = 0.f;
-                    }
-                }
             } else if ((ks + 1) % STEPS_PER_GROUP == 0) {  // the group closes: acc += s * its sum
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {

@@ -61,7 +61,7 @@ struct Chunk {
     uint4 w[2];
     uint32_t s[GC];
     uint32_t z;
-    uint2 dm;  // CODE_Q4_K: the super-block's d and dmin words
+    uint2 dm;  // CODE_Q4_K / IQ4_XS: the super-block words (d; dmin)
 };
 
 template <int GC, bool ASYM, int CODE>
@@ -192,63 +192,35 @@ __device__ __forceinline__ uint32_t pack_x2(float lo, float hi) {
     }
 }
 
-// CODE_Q4_K (FOLD_FP32): the A registers of half h's four k16 steps, each weight
-// (d * sc) * q - dmin * m in float32 (the product exact: one fused multiply-add rounds as the
-// gguf package's multiply then subtract) rounded once to x's type. Step j is in group
-// 2h + j / 2; register p of a step is row g (p even) or g + 8 (odd), its codes the nibbles at
-// bits 4p (low half) and 16 + 4p (high half) of the step's word, made exact fp16 pairs by the
-// W4A16 dequant (Marlin's two pairs a shift, z = 0) and widened to float32 (HADD2.F32).
-template <int XT>
-__device__ __forceinline__ void q4_k_tile(uint32_t (&a)[4][4], const uint4& w, const uint32_t (&rec)[4], uint2 dm,
-                                          int h) {
-    const float d_g = bits_to_float(static_cast<uint16_t>(dm.x & 0xffffu), ELEM_F16);
-    const float d_g8 = bits_to_float(static_cast<uint16_t>(dm.x >> 16), ELEM_F16);
-    const float m_g = bits_to_float(static_cast<uint16_t>(dm.y & 0xffffu), ELEM_F16);
-    const float m_g8 = bits_to_float(static_cast<uint16_t>(dm.y >> 16), ELEM_F16);
+// CODE_Q4_K / CODE_IQ4_XS (FOLD_FP32): the A registers of half h's four k16 steps, each weight
+// s * value - b in float32 as the gguf package computes it (superblock_group: Q4_K's
+// (d * sc) * q - dmin * m, where the product is exact so one fused multiply-add rounds as its
+// multiply and subtract do; IQ4_XS's (d * (ls - 32)) * kvalues[q], b = 0: the fma is the
+// multiply) rounded once to x's type. Step j is in group 2h + j / 2; register p of a step is
+// row g (p even) or g + 8 (odd), its values the nibbles at bits 4p (low half) and 16 + 4p (high
+// half) of the step's word, made exact fp16 pairs (the W4A16 dequant with z = 0, Marlin's two
+// pairs a shift; iq4_word's codebook lookup) and widened to float32 (HADD2.F32).
+template <int XT, int CODE>
+__device__ __forceinline__ void superblock_tile(uint32_t (&a)[4][4], const uint4& w, const uint32_t (&rec)[4],
+                                                uint2 dm, int h) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        const uint32_t r = rec[2 * h + half];
-        const float s[2] = {d_g * static_cast<float>(r & 0xffu), d_g8 * static_cast<float>((r >> 16) & 0xffu)};
-        const float nb[2] = {-(m_g * static_cast<float>((r >> 8) & 0xffu)), -(m_g8 * static_cast<float>(r >> 24))};
+        const SuperGroup q = superblock_group<CODE == CODE_Q4_K>(rec[2 * h + half], dm);
+        const float s[2] = {q.s_lo, q.s_hi}, nb[2] = {-q.b_lo, -q.b_hi};
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             const int j = 2 * half + jj;
-            uint32_t q[4];  // the codes as fp16 pairs (pair p: nibbles p and p + 4), exact
-            dequant_word<ELEM_F16>(words[j], zero_pairs<ELEM_F16>(0u, 0u), q);
-#pragma unroll
-            for (int p = 0; p < 4; ++p) {
-                const __half2 qh = *reinterpret_cast<const __half2*>(&q[p]);
-                a[j][p] = pack_x2<XT>(fmaf(s[p & 1], __low2float(qh), nb[p & 1]),
-                                      fmaf(s[p & 1], __high2float(qh), nb[p & 1]));
-            }
-        }
-    }
-}
-
-// CODE_IQ4_XS (FOLD_FP32): as q4_k_tile, each weight (d * (ls - 32)) * kvalues[q] in float32
-// (the gguf package's two float32 multiplies; d * (ls - 32) is exact) rounded once to x's type,
-// the codebook values exact fp16 pairs (iq4_word) widened to float32.
-template <int XT>
-__device__ __forceinline__ void iq4_xs_tile(uint32_t (&a)[4][4], const uint4& w, const uint32_t (&rec)[4], uint2 dm,
-                                            int h) {
-    const float d_g = bits_to_float(static_cast<uint16_t>(dm.x & 0xffffu), ELEM_F16);
-    const float d_g8 = bits_to_float(static_cast<uint16_t>(dm.x >> 16), ELEM_F16);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const uint32_t r = rec[2 * h + half];
-        const float s[2] = {d_g * static_cast<float>(static_cast<int>(r & 0xffu) - 32),
-                            d_g8 * static_cast<float>(static_cast<int>((r >> 16) & 0xffu) - 32)};
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * half + jj;
-            uint32_t v[4];  // the codebook values as fp16 pairs (pair p: indices p and p + 4), exact
-            iq4_word<ELEM_F16>(words[j], v);
+            uint32_t v[4];  // the values as fp16 pairs (pair p: nibbles p and p + 4), exact
+            if constexpr (CODE == CODE_Q4_K)
+                dequant_word<ELEM_F16>(words[j], zero_pairs<ELEM_F16>(0u, 0u), v);
+            else
+                iq4_word<ELEM_F16>(words[j], v);
 #pragma unroll
             for (int p = 0; p < 4; ++p) {
                 const __half2 vh = *reinterpret_cast<const __half2*>(&v[p]);
-                a[j][p] = pack_x2<XT>(s[p & 1] * __low2float(vh), s[p & 1] * __high2float(vh));
+                a[j][p] = pack_x2<XT>(fmaf(s[p & 1], __low2float(vh), nb[p & 1]),
+                                      fmaf(s[p & 1], __high2float(vh), nb[p & 1]));
             }
         }
     }
@@ -332,10 +304,8 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
             const int kt = 2 * kc + h;
             if (tid == 0 && kt + PD < KT) issue(kt + PD);
             // zero-points of the four k16 steps: step j of half h is in group (64 h + 16 j) / G
-            if constexpr (CODE == CODE_Q4_K) {
-                q4_k_tile<XT>(a[h], cur.w[h], cur.s, cur.dm, h);
-            } else if constexpr (CODE == CODE_IQ4_XS) {
-                iq4_xs_tile<XT>(a[h], cur.w[h], cur.s, cur.dm, h);
+            if constexpr (has_superblocks(CODE)) {
+                superblock_tile<XT, CODE>(a[h], cur.w[h], cur.s, cur.dm, h);
             } else if constexpr (CODE == CODE_E2M1) {
                 const uint32_t words[4] = {cur.w[h].x, cur.w[h].y, cur.w[h].z, cur.w[h].w};
 #pragma unroll
