@@ -26,7 +26,7 @@ instead of a dead test run.
 The files, one per entry point family, each with its strategies, its model (`*_expect`)
 and its case builders (`*_case`):
   test_fuzz_w4a16.py  qg_w4a16_gemm (+ its workspace query), CPU and GPU context
-  test_fuzz_gguf.py   qg_gguf_gemm (+ its workspace query), CPU and GPU context
+  test_fuzz_gguf.py   qg_gguf_gemm (+ its workspace query), both layouts of w, CPU and GPU context
   test_fuzz_mxfp4.py  qg_mxfp4_gemm (+ its workspace query), CPU and GPU context
   test_fuzz_moe.py    qg_moe_align, qg_moe_align_sizes, qg_moe_stage1, qg_moe_stage2
   test_fuzz_misc.py   the small entry points (status, build, context, memory, streams, events)
@@ -722,6 +722,13 @@ def reads_field(struct_type, spec, field: str) -> bool:
     version (a smaller size) ends before the fields added after it, which read as zero."""
     f = getattr(struct_type, field)
     return struct_size(struct_type, spec["size_delta"]) >= f.offset + f.size
+
+
+def layout_read(struct_type, spec) -> int:
+    """The layout the library reads from the args of this case: the case's own, or 0 (the
+    canonical / block layout) where its struct version predates the field, whatever the
+    bytes past args->size hold."""
+    return spec.get("layout", 0) if reads_field(struct_type, spec, "layout") else 0
 
 
 # Sizes of the older versions of the structs that have grown, oldest first (include/quantgemm.h:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 from fuzz_harness import (  # noqa: E402
     ALIGNED, CPU_ENV, Expect, F32, FLOAT_DTYPES, FUZZ_SETTINGS, HUGE, I32, LD_PAD, M_VALUES,
     NOT_ENUM, NP_DTYPE, N_MUTATIONS, REQUIRES_LIBRARY, SIZE_FIELDS, U4X8, U8, accepted_output,
-    allow_empty, args_and_ctx, args_mutation, assert_close, base_spec, call, reads_field,
+    allow_empty, args_and_ctx, args_mutation, assert_close, base_spec, call, layout_read,
     check_misaligned_args_refused, common_expect, drive, examples, float_input,
     force_fault_next_to_huge, gemm_sizes_expect, is_sane, mxfp4_weight, output_matrix, ptr_mutation,
     rng_of, run_case, run_gpu_case, small, workspace_step, bias_dtype_mutation, bias_expect, bias_input,
@@ -90,7 +90,7 @@ def mxfp4_expect(s, pointers=True):
     exp.bad(s["y_dtype"] not in (s["x_dtype"], F32), "y_dtype")
     bias_expect(exp, s, L.qg_mxfp4_gemm_args, pointers)
     # a first-version struct (size 120) has no layout field: canonical whatever it holds
-    exp.bad(s.get("layout", 0) != 0 and reads_field(L.qg_mxfp4_gemm_args, s, "layout"), "layout")
+    exp.bad(layout_read(L.qg_mxfp4_gemm_args, s) != 0, "layout")
     exp.bad(s["ldx"] < k, "ldx")
     exp.bad(s["ldy"] < n, "ldy")
     exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)

@@ -20,7 +20,7 @@ from fuzz_harness import (  # noqa: E402
     check_misaligned_args_refused, common_expect, drive, examples, float_input,
     force_fault_next_to_huge, gemm_sizes_expect, is_sane, output_matrix, ptr_mutation, rng_of,
     run_case, run_gpu_case, small, workspace_step, bias_dtype_mutation, bias_expect, bias_input, bias_spec,
-    has_bias, reads_field, with_bias,
+    has_bias, layout_read, with_bias,
 )
 from fuzz_harness import fuzz_worker, gpu_env  # noqa: E402,F401 (fixtures: the worker, the GPU context)
 from pyquant import _lib as L  # noqa: E402
@@ -102,7 +102,7 @@ def w4a16_expect(s, pointers=True):
     exp.bad(s["ldx"] < k, "ldx")
     exp.bad(s["ldy"] < n, "ldy")
     # a first-version struct (size 128) has no layout field: canonical whatever it holds
-    exp.bad(s.get("layout", 0) != 0 and reads_field(L.qg_w4a16_gemm_args, s, "layout"), "layout")
+    exp.bad(layout_read(L.qg_w4a16_gemm_args, s) != 0, "layout")
     bias_expect(exp, s, L.qg_w4a16_gemm_args, pointers)
     exp.open(bool(s["huge"]), *s["huge"], *SIZE_FIELDS)
     if pointers:
