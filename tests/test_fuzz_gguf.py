@@ -31,7 +31,7 @@ from fuzz_harness import (  # noqa: E402
     NP_DTYPE, NOT_ENUM, N_MUTATIONS, REQUIRES_LIBRARY, SIZE_FIELDS, U32, U4X8, U8, UNIT_ROUNDOFF,
     accepted_output, allow_empty, args_and_ctx, args_mutation, assert_close, base_spec, call,
     check_misaligned_args_refused, common_expect, drive, examples, float_input,
-    force_fault_next_to_huge, gemm_sizes_expect, is_sane, layout_read, matrix_index, output_matrix,
+    force_fault_next_to_huge, frag_gpu_x, gemm_sizes_expect, is_sane, layout_read, matrix_index, output_matrix,
     ptr_mutation, reads_field, rng_of,
     run_case, run_gpu_case, small, workspace_step, bias_dtype_mutation, bias_expect, bias_input, bias_spec,
     has_bias, with_bias,
@@ -55,7 +55,8 @@ FRAG_PTR_FAULTS = ("null", "mis", "shift")                     # the planes need
 @st.composite
 def gguf_specs(draw, gpu=False):
     """A call; gpu: for a GPU context, whose frag tiers take 16-bit x only (fp32 x on the frag
-    layout is QG_ERR_UNSUPPORTED there, as the header says)."""
+    layout is QG_ERR_UNSUPPORTED there, as the header says), 16-byte aligned with ldx % 8 == 0
+    (fuzz_harness.frag_gpu_x)."""
     s = base_spec(draw)
     layout = draw(st.sampled_from([BLOCKS, FRAG]))
     fmt = draw(st.sampled_from(FRAG_FORMATS if layout == FRAG else sorted(GGUF_SPECS)))
@@ -72,6 +73,8 @@ def gguf_specs(draw, gpu=False):
     s["layout"] = layout
     if layout == FRAG:
         s["ptr"]["w"] = s["ptr"]["w_scales"] = "ok"  # 16-byte aligned (+4 is a fault here)
+        if gpu:
+            frag_gpu_x(draw, s)
         # a caller built before the frag layout (args->size 112 or 128): the frag fields past
         # its struct are not read, the call is a block call (w holds the blocks)
         s["size_delta"] = draw(st.sampled_from([0, 0, 0, "v0", "v1"]))

@@ -14,11 +14,11 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from fuzz_harness import (  # noqa: E402
-    ALIGNED, CPU_ENV, Expect, F32, FLOAT_DTYPES, FUZZ_SETTINGS, HUGE, I32, LD_PAD, M_VALUES,
+    ALIGNED, BF16, CPU_ENV, Expect, F16, F32, FLOAT_DTYPES, FUZZ_SETTINGS, HUGE, I32, LD_PAD, M_VALUES,
     NOT_ENUM, NP_DTYPE, N_MUTATIONS, REQUIRES_LIBRARY, SIZE_FIELDS, U4X8, U8, accepted_output,
     allow_empty, args_and_ctx, args_mutation, assert_close, base_spec, call, layout_read,
     check_misaligned_args_refused, common_expect, drive, examples, float_input,
-    force_fault_next_to_huge, gemm_sizes_expect, is_sane, mxfp4_weight, output_matrix, ptr_mutation,
+    force_fault_next_to_huge, frag_gpu_x, gemm_sizes_expect, is_sane, mxfp4_weight, output_matrix, ptr_mutation,
     rng_of, run_case, run_gpu_case, small, workspace_step, bias_dtype_mutation, bias_expect, bias_input,
     bias_spec, with_bias,
 )
@@ -32,15 +32,19 @@ pytestmark = REQUIRES_LIBRARY
 # ================================================================ MXFP4 dense
 
 @st.composite
-def mxfp4_specs(draw):
+def mxfp4_specs(draw, gpu=False):
+    """A call; gpu: for a GPU context, whose tiers (the frag kernels) take 16-bit x, 16-byte
+    aligned with ldx % 8 == 0 (fuzz_harness.frag_gpu_x); other x there is QG_ERR_UNSUPPORTED."""
     s = base_spec(draw)
-    x_dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    x_dtype = draw(st.sampled_from((F16, BF16) if gpu else FLOAT_DTYPES))
     s.update(m=draw(M_VALUES), n=draw(st.integers(1, 40)), k=32 * draw(st.integers(1, 8)),
              x_dtype=x_dtype, y_dtype=draw(st.sampled_from([x_dtype, F32])),
              huge=[])
     s["ldx"] = s["k"] + draw(LD_PAD)
     s["ldy"] = s["n"] + draw(LD_PAD)
     s["ptr"] = {p: draw(ALIGNED) for p in ("x", "blocks", "scales", "y")}
+    if gpu:
+        frag_gpu_x(draw, s)
     bias_spec(draw, s)
     for _ in range(draw(N_MUTATIONS)):
         what = draw(st.sampled_from(["m", "n", "k", "x_dtype", "y_dtype", "bias_dtype", "ldx",
@@ -147,7 +151,7 @@ def test_fuzz_mxfp4_gemm(spec):
 
 @pytest.mark.gpu
 @settings(max_examples=examples(200), **FUZZ_SETTINGS)
-@given(spec=mxfp4_specs())
+@given(spec=mxfp4_specs(gpu=True))
 def test_fuzz_mxfp4_gemm_gpu(gpu_env, spec):
     run_gpu_case(gpu_env, "qg_mxfp4_gemm", mxfp4_case, spec)
 
