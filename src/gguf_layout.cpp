@@ -88,12 +88,8 @@ qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a) 
     const uint32_t* in_q = static_cast<const uint32_t*>(a->w);
     for_each_code(geo, [&](int64_t word, int shift, int64_t n, int64_t k) {
         const int e = static_cast<int>(k % ff.elems);
-        uint8_t* block = out + n * ldw + (k / ff.elems) * ff.bytes;
-        // where the block keeps element e's code (gguf_frag::*_code read it back)
-        uint8_t* code = a->format == QG_FORMAT_Q4_K     ? block + gguf_frag::kQ4_KCodes + 32 * (e >> 6) + (e & 31)
-                        : a->format == QG_FORMAT_IQ4_XS ? block + gguf_frag::kIQ4_XSCodes + 16 * (e >> 5) + (e & 15)
-                                                        : block + gguf_frag::kQ4_0Codes + (e & 15);
-        const int nib = a->format == QG_FORMAT_Q4_K ? 4 * ((e >> 5) & 1) : ((e & 16) ? 4 : 0);
+        int nib = 0;
+        uint8_t* code = out + n * ldw + (k / ff.elems) * ff.bytes + ff.code_byte(e, &nib);
         *code = static_cast<uint8_t>(*code | (((in_q[word] >> shift) & 15u) << nib));
     });
     const uint16_t* in_s = static_cast<const uint16_t*>(a->w_scales);
@@ -102,9 +98,7 @@ qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a) 
         if (super) {  // gathered per block for the format's packing below
             rec[n * (a->k / kGroup) + grp] = in_s[i];
         } else {
-            uint8_t* block = out + n * ldw + grp * ff.bytes;
-            block[0] = static_cast<uint8_t>(in_s[i] & 0xffu);
-            block[1] = static_cast<uint8_t>(in_s[i] >> 8);
+            gguf_frag::put_f16_at(out + n * ldw + grp * ff.bytes, 0, in_s[i]);
         }
     });
     if (super) {
@@ -112,9 +106,9 @@ qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a) 
             uint8_t* block = out + n * ldw + sb * ff.bytes;
             uint16_t r[8];
             for (int j = 0; j < 8; ++j) r[j] = rec[n * (a->k / kGroup) + sb * 8 + j];
-            block[0] = static_cast<uint8_t>(in_s[i] & 0xffu), block[1] = static_cast<uint8_t>(in_s[i] >> 8);
+            gguf_frag::put_f16_at(block, 0, in_s[i]);
             if (a->format == QG_FORMAT_Q4_K) {
-                block[2] = static_cast<uint8_t>(in_s[i + 2] & 0xffu), block[3] = static_cast<uint8_t>(in_s[i + 2] >> 8);
+                gguf_frag::put_f16_at(block, 2, in_s[i + 2]);
                 gguf_frag::q4_K_pack_records(r, block);
             } else {
                 gguf_frag::iq4_xs_pack_records(r, block);

@@ -40,24 +40,16 @@ constexpr int kQ4_KCodes = 16;
 constexpr int kIQ4_XSBytes = 136;  // fp16 d, scales_h (uint16), scales_l[4], qs[128]
 constexpr int kIQ4_XSCodes = 8;
 
-// Code q (0..15) of element e (0..31) of a Q4_0 block: qs[e] low nibble for e < 16, qs[e - 16]
-// high nibble above.
-QG_FRAG_HD inline uint32_t q4_0_code(const uint8_t* block, int e) {
-    return (static_cast<uint32_t>(block[kQ4_0Codes + (e & 15)]) >> ((e & 16) ? 4 : 0)) & 15u;
-}
 // The fp16 bits at byte `off` of a block (little-endian; rows are 2-byte aligned): Q4_0's d
-// at 0, Q4_K's d at 0 and dmin at 2.
+// at 0, Q4_K's d at 0 and dmin at 2; and the inverse.
 QG_FRAG_HD inline uint16_t f16_at(const uint8_t* block, int off) {
     return static_cast<uint16_t>(block[off] | (block[off + 1] << 8));
 }
-QG_FRAG_HD inline uint16_t q4_0_d(const uint8_t* block) { return f16_at(block, 0); }
-
-// Code q (0..15) of element e (0..255) of a Q4_K block: sub-blocks 2p and 2p + 1 are the low
-// and high nibbles of qs[32 p .. 32 p + 31].
-QG_FRAG_HD inline uint32_t q4_K_code(const uint8_t* block, int e) {
-    const int j = e >> 5;
-    return (static_cast<uint32_t>(block[kQ4_KCodes + 32 * (j >> 1) + (e & 31)]) >> (4 * (j & 1))) & 15u;
+QG_FRAG_HD inline void put_f16_at(uint8_t* block, int off, uint16_t bits) {
+    block[off] = static_cast<uint8_t>(bits & 0xffu);
+    block[off + 1] = static_cast<uint8_t>(bits >> 8);
 }
+
 // The record sc | m << 8 of sub-block j (0..7): the 6-bit fields of scales[12] as ggml's
 // get_scale_min_k4 reads them.
 QG_FRAG_HD inline uint16_t q4_K_record(const uint8_t* block, int j) {
@@ -78,12 +70,6 @@ QG_FRAG_HD inline void q4_K_pack_records(const uint16_t (&rec)[8], uint8_t* bloc
     }
 }
 
-// Index q (0..15) of element e (0..255) of an IQ4_XS block: sub-block j = e / 32 owns qs[16 j ..
-// 16 j + 15], element i < 16 the low nibble of qs[16 j + i], i + 16 its high nibble.
-QG_FRAG_HD inline uint32_t iq4_xs_code(const uint8_t* block, int e) {
-    const int j = e >> 5, i = e & 31;
-    return (static_cast<uint32_t>(block[kIQ4_XSCodes + 16 * j + (i & 15)]) >> ((i & 16) ? 4 : 0)) & 15u;
-}
 // The record of sub-block j: ls (6 bits: the low 4 in scales_l, the high 2 in scales_h).
 QG_FRAG_HD inline uint16_t iq4_xs_record(const uint8_t* block, int j) {
     const uint32_t sh = block[2] | (block[3] << 8);
@@ -125,16 +111,29 @@ struct FragFormat {
         : format(f),
           bytes(f == QG_FORMAT_Q4_K ? kQ4_KBytes : f == QG_FORMAT_IQ4_XS ? kIQ4_XSBytes : kQ4_0Bytes),
           elems(f == QG_FORMAT_Q4_0 ? kGroup : kQ4_KElems) {}
+    // Where the block keeps element e's 4-bit code: the byte offset, and *shift its nibble.
+    //   Q4_0: qs[e] low nibble for e < 16, qs[e - 16] high nibble above;
+    //   Q4_K: sub-blocks 2p and 2p + 1 are the low and high nibbles of qs[32 p .. 32 p + 31];
+    //   IQ4_XS: sub-block j owns qs[16 j .. 16 j + 15], element i < 16 of it the low nibble of
+    //           qs[16 j + i], i + 16 its high nibble.
+    QG_FRAG_HD int code_byte(int e, int* shift) const {
+        if (format == QG_FORMAT_Q4_K) {
+            *shift = 4 * ((e >> 5) & 1);
+            return kQ4_KCodes + 32 * (e >> 6) + (e & 31);
+        }
+        *shift = (e & 16) ? 4 : 0;
+        return format == QG_FORMAT_IQ4_XS ? kIQ4_XSCodes + 16 * (e >> 5) + (e & 15) : kQ4_0Codes + (e & 15);
+    }
     QG_FRAG_HD uint32_t code(const uint8_t* block, int e) const {
-        return format == QG_FORMAT_Q4_K    ? q4_K_code(block, e)
-               : format == QG_FORMAT_IQ4_XS ? iq4_xs_code(block, e)
-                                            : q4_0_code(block, e);
+        int shift = 0;
+        const int b = code_byte(e, &shift);
+        return (static_cast<uint32_t>(block[b]) >> shift) & 15u;
     }
     // the 16 bits of sub-block j (0..elems/32-1): Q4_0's d, Q4_K's sc | m << 8, IQ4_XS's ls
     QG_FRAG_HD uint16_t record(const uint8_t* block, int j) const {
         return format == QG_FORMAT_Q4_K    ? q4_K_record(block, j)
                : format == QG_FORMAT_IQ4_XS ? iq4_xs_record(block, j)
-                                            : q4_0_d(block);
+                                            : f16_at(block, 0);
     }
     QG_FRAG_HD uint16_t field(const uint8_t* block, int f) const {
         return f == 0 ? f16_at(block, 0) : format == QG_FORMAT_Q4_K ? f16_at(block, 2) : uint16_t(0);
