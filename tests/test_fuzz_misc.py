@@ -51,7 +51,7 @@ def misc_specs(draw):
     return s
 
 
-OPTION_RANGE = {b"cpu_threads": (0, None), b"w4a16_tier": (0, 3), b"gguf_tier": (0, 3),
+OPTION_RANGE = {b"cpu_threads": (0, None), b"w4a16_tier": (0, 3), b"gguf_tier": (0, 5),
                 b"split_k": (0, None), b"prefill_tile": (0, 256), b"cpu_precision": (0, 2)}
 
 
