@@ -11,6 +11,8 @@
 - `poisoned_output`, `assert_close`, `assert_bitwise_equal`: the checking helpers
   (DESIGN "Correctness contract": poisoned outputs with guard bands, normalised error
   with a named bound and the worst coordinate, first mismatch reported bit for bit).
+- `cancelling_gemm_bound(x, w_deq, ref, y_dtype)`: the fp32-exact CPU tier's GEMM bound,
+  widened where the outputs cancel (a one-row weight, one output of few terms).
 - `registry_formats(kind)`: the names of the format registry (pyquant/formats/__init__.py),
   optionally of one kind ("gguf"), in QG_FORMAT order: what a per-format test parametrises
   over, so that a new registry row is tested by default.
@@ -222,6 +224,25 @@ def one_hot_case(rng, w_deq, extra: int = 0):
 
 
 # ---------------------------------------------------------------- comparisons
+
+# Unit roundoff of each float output dtype (half an ulp at 1): fp32 24 significant bits, fp16
+# 11, bf16 8; keyed by numpy dtype name so that conftest needs no ml_dtypes import.
+_UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+_U32 = 2.0 ** -24
+
+
+def cancelling_gemm_bound(x, w_deq, ref, y_dtype) -> float:
+    """Bound on ||y - ref|| / ||ref|| for the fp32-exact CPU tier where the outputs may cancel
+    (edge shapes: one output of k = 32 terms; a one-row weight). fp32 accumulation error
+    scales with |x| @ |w|^T, not with |y|: a random walk of k roundings gives about
+    sqrt(k) * u32 * || |x| @ |w|^T ||, which is the plain k * u32 normwise bound when
+    || |x| @ |w|^T || ~ sqrt(k) ||y|| (no cancellation); the larger of the two, x4 margin, so
+    cancellation widens the bound and nothing else changes it. Plus y's rounding (u_y)."""
+    k = x.shape[1]
+    absref = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w_deq, np.float64)).T
+    kappa = np.linalg.norm(absref) / max(np.linalg.norm(ref), 1e-300)
+    return _UNIT_ROUNDOFF[np.dtype(y_dtype).name] + 4 * _U32 * max(k, np.sqrt(k) * kappa)
+
 
 def _assert_close(y, ref, bound: float, name: str) -> float:
     y = np.asarray(y).astype(np.float64)

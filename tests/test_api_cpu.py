@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pyquant
-from conftest import FP32_EXACT, registry_formats
+from conftest import FP32_EXACT, cancelling_gemm_bound, registry_formats
 from pyquant import formats as F
 from pyquant.formats import int4 as int4_ref
 from pyquant.formats import mxfp4 as mxfp4_ref
@@ -44,18 +44,6 @@ def gemm_bound(k: int, y_dtype) -> float:
     walk of k roundings of size u32 * |x w| (~ sqrt(k) u32 sum|x w|, and sum|x w| ~ sqrt(k)|y|
     for these random inputs), about k * u32 normwise; x4 margin."""
     return UNIT_ROUNDOFF[np.dtype(y_dtype)] + 4 * k * U32
-
-
-def cancelling_gemm_bound(x, w_deq, ref, y_dtype) -> float:
-    """gemm_bound where the outputs may cancel (edge shapes: one output of k = 32 terms).
-    fp32 accumulation error scales with |x| @ |w|^T, not with |y|: a random walk of k
-    roundings gives about sqrt(k) * u32 * || |x| @ |w|^T ||, which is gemm_bound's k * u32
-    normwise when || |x| @ |w|^T || ~ sqrt(k) ||y|| (no cancellation); the larger of the two,
-    x4 margin, so cancellation widens the bound and nothing else changes it."""
-    k = x.shape[1]
-    absref = np.abs(np.asarray(x, np.float64)) @ np.abs(w_deq.astype(np.float64)).T
-    kappa = np.linalg.norm(absref) / max(np.linalg.norm(ref), 1e-300)
-    return UNIT_ROUNDOFF[np.dtype(y_dtype)] + 4 * U32 * max(k, np.sqrt(k) * kappa)
 
 
 def moe_bound(hidden: int, inter: int, act_dtype, y_dtype) -> float:
