@@ -163,6 +163,34 @@ __device__ __forceinline__ void iq4_word(uint32_t w, uint32_t (&a)[4]) {
     }
 }
 
+// One GGUF Q8_0 frag word (bytes 0, 2: A register r0's halves; 1, 3: r1's; the byte plane of
+// src/formats/gguf_frag.h) -> the two registers, each int8 pair exact in x's type. fp16: the
+// byte with its sign bit flipped (q + 128) under the exponent of 1024, (b & 0xff) ^ 0x6480 in
+// one lop3, minus 1152. bf16 spaces 128..255 one apart, too few bits for a byte: 128 + its low
+// 7 bits, less 128 or 256 by its sign bit (q = low7 - 128 sign), one lop3 each. Per word 1 shift,
+// then 1 lop3 + 1 fma (fp16) or 2 lop3 + 1 fma (bf16) a register.
+template <int XT>
+__device__ __forceinline__ void q8_word(uint32_t w, uint32_t& r0, uint32_t& r1) {
+    const uint32_t w8 = w >> 8;
+    if (XT == ELEM_BF16) {
+        const uint32_t bias = 0x43004300u, neg = 0xc300c300u, one = 0x3f803f80u;
+        uint32_t x0, y0, x1, y1;
+        asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(x0) : "r"(w), "n"(0x007f007f), "r"(bias));   // (w & m) | c
+        asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(y0) : "r"(w), "n"(0x00800080), "r"(neg));
+        asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(x1) : "r"(w8), "n"(0x007f007f), "r"(bias));
+        asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(y1) : "r"(w8), "n"(0x00800080), "r"(neg));
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r0) : "r"(x0), "r"(one), "r"(y0));
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r1) : "r"(x1), "r"(one), "r"(y1));
+    } else {
+        const uint32_t flip = 0x64806480u, one = 0x3c003c00u, neg = 0xe480e480u;  // 1024 | sign bit, 1, -1152
+        uint32_t x0, x1;
+        asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(x0) : "r"(w), "n"(0x00ff00ff), "r"(flip));   // (w & m) ^ c
+        asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(x1) : "r"(w8), "n"(0x00ff00ff), "r"(flip));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r0) : "r"(x0), "r"(one), "r"(neg));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r1) : "r"(x1), "r"(one), "r"(neg));
+    }
+}
+
 // A GGUF super-block format's group (CODE_Q4_K, CODE_IQ4_XS of hip/w4a16_kernels.h) for a lane's
 // rows g (lo) and g + 8 (hi): weight = s * value - b, from the group's record word (row g's
 // 16 bits low, g + 8's high) and the super-block's fp16 words dm (d; Q4_K's dmin). Q4_K:
@@ -187,6 +215,14 @@ __device__ __forceinline__ SuperGroup superblock_group(uint32_t rec, uint2 dm) {
         q.s_hi = d_hi * static_cast<float>(static_cast<int>((rec >> 16) & 0xffu) - 32);
         q.b_lo = q.b_hi = 0.0f;
     }
+    return q;
+}
+// Q8_0's (and Q4_0's) group in the same terms: s = the fp16 d of the scale word, b = 0.
+__device__ __forceinline__ SuperGroup scale_group(uint32_t word) {
+    SuperGroup q;
+    q.s_lo = __half2float(__ushort_as_half(static_cast<unsigned short>(word & 0xffffu)));
+    q.s_hi = __half2float(__ushort_as_half(static_cast<unsigned short>(word >> 16)));
+    q.b_lo = q.b_hi = 0.0f;
     return q;
 }
 

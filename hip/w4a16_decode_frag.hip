@@ -41,10 +41,11 @@ __device__ __forceinline__ int frag_owner(int64_t u, int64_t units, int64_t bloc
 }
 
 // One unit of a lane: its two row blocks' fragment tiles (w[r][j]: row block r, 64-k tile j
-// of the chunk), scale words (GC groups each) and zero bytes.
-template <int GC>
+// of the chunk; CODE_Q8_0's byte plane: 32-k tile j, WT = 4), scale words (GC groups each) and
+// zero bytes.
+template <int GC, int WT>
 struct UnitRegs {
-    uint4 w[FRAG_RB_PER_WARP][2];
+    uint4 w[FRAG_RB_PER_WARP][WT];
     uint32_t s[FRAG_RB_PER_WARP][GC];
     uint32_t z[FRAG_RB_PER_WARP];
     uint2 dm[FRAG_RB_PER_WARP];  // CODE_Q4_K / IQ4_XS: the super-block words (d; dmin)
@@ -86,12 +87,13 @@ struct UnitAddr {
 // argument: every group index below is a compile-time constant). ASYM: zero-points given.
 // CODE: what a nibble codes (WeightCode: W4A16 integers, MXFP4 E2M1 values with G = 32, or
 // GGUF Q4_K codes / IQ4_XS codebook indices with G = 32: their group records and super-block
-// words).
+// words), or GGUF Q8_0's bytes (G = 32, fp16 d: the W4A16 group close).
 template <int XT, int MT, int G, bool ASYM, int CODE>
 __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams p) {
 #if defined(QG_HAS_MMA_SYNC)
     typedef FragStage<MT> St;
     constexpr int GC = 128 / G;
+    constexpr int WT = chunk_loads(CODE);        // 16-byte weight loads a row block and unit
     constexpr int KS = 8;                        // k16 steps per unit
     constexpr int STEPS_PER_GROUP = G / 16;      // 2, 4, 8
     extern __shared__ __align__(16) unsigned char smem[];
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
     const int64_t u_end = (static_cast<int64_t>(blockIdx.x) + 1) * U / P;
 
     // ---- per-lane data of unit (rt, kc)
-    const int64_t w_rb_stride = KT * 32;             // uint4 per row block
+    const int64_t w_rb_stride = KT * 32 * (WT / 2);  // uint4 per row block
     const int64_t s_rb_stride = static_cast<int64_t>(KC) * 8 * GC;  // words / bytes per row block
     auto unit_addr = [&](int rt, int kc) {
         UnitAddr a;
@@ -117,23 +119,24 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
         for (int r = 0; r < FRAG_RB_PER_WARP; ++r) a.in[r] = rb0 + r < p.row_blocks;
         const int64_t rec = (static_cast<int64_t>(rb0) * KC + kc) * 8 + g;
         a.w = reinterpret_cast<const uint4*>(p.qweight) + static_cast<int64_t>(rb0) * w_rb_stride +
-              2 * static_cast<int64_t>(kc) * 32 + lane;
+              WT * static_cast<int64_t>(kc) * 32 + lane;
         a.s = p.scales + rec * GC;
         a.z = p.qzeros + rec * GC;
         if (has_superblocks(CODE)) a.dm = p.superblocks + (static_cast<int64_t>(rb0) * (KC / 2) + kc / 2) * 8 + g;
         return a;
     };
-    auto load_unit = [&](UnitRegs<GC>& d, const UnitAddr& a) {
+    auto load_unit = [&](UnitRegs<GC, WT>& d, const UnitAddr& a) {
 #pragma unroll
         for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
             if (a.in[r]) {
-                d.w[r][0] = __ldg(a.w + r * w_rb_stride);
-                d.w[r][1] = __ldg(a.w + r * w_rb_stride + 32);
+#pragma unroll
+                for (int j = 0; j < WT; ++j) d.w[r][j] = __ldg(a.w + r * w_rb_stride + 32 * j);
                 load_group_words<GC>(d.s[r], a.s + r * s_rb_stride);
                 d.z[r] = ASYM ? load_group_bytes<GC>(a.z + r * s_rb_stride) : 0u;
                 if (has_superblocks(CODE)) d.dm[r] = __ldg(a.dm + r * (KC / 2) * 8);
             } else {  // a row block past N (padding of the last row tile): zeros, never stored
-                d.w[r][0] = d.w[r][1] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int j = 0; j < WT; ++j) d.w[r][j] = make_uint4(0, 0, 0, 0);
 #pragma unroll
                 for (int c = 0; c < GC; ++c) d.s[r][c] = 0;
                 d.z[r] = 0;
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
         }
         cp_async_commit();
     }
-    UnitRegs<GC> ra, rb;
+    UnitRegs<GC, WT> ra, rb;
     if (u_begin < u_end) {
         load_unit(ra, unit_addr(frt, fkc));
         advance(frt, fkc);
@@ -202,7 +205,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
 
     // Decodes unit u (registers d, x in ring slot `slot`), refills d with unit u + 2, and
     // writes the row tile's output when the unit closes it.
-    auto run_unit = [&](int64_t u, int slot, UnitRegs<GC>& d) {
+    auto run_unit = [&](int64_t u, int slot, UnitRegs<GC, WT>& d) {
         cp_async_wait<FRAG_X_STAGES - 2>();  // unit u's x chunk has landed (this thread's copy)
         __syncthreads();                     // ... everyone's, and slot (u - 1) is free again
         if (u + FRAG_X_STAGES - 1 < u_end) {
@@ -242,15 +245,21 @@ __global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams 
             }
 #pragma unroll
             for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
-                const uint4 wt = d.w[r][ks / 4];
-                const uint32_t w = (ks % 4 == 0) ? wt.x : (ks % 4 == 1) ? wt.y : (ks % 4 == 2) ? wt.z : wt.w;
                 uint32_t a[4];
-                if constexpr (CODE == CODE_E2M1)
-                    e2m1_word<XT>(w, a);
-                else if constexpr (CODE == CODE_IQ4_XS)
-                    iq4_word<XT>(w, a);
-                else
-                    dequant_word<XT>(w, zp[r], a);
+                if constexpr (CODE == CODE_Q8_0) {  // step ks: words 2 (ks % 2), + 1 of 32-k tile ks / 2
+                    const uint4 wt = d.w[r][ks / 2];
+                    q8_word<XT>(ks % 2 ? wt.z : wt.x, a[0], a[1]);
+                    q8_word<XT>(ks % 2 ? wt.w : wt.y, a[2], a[3]);
+                } else {
+                    const uint4 wt = d.w[r][ks / 4];
+                    const uint32_t w = (ks % 4 == 0) ? wt.x : (ks % 4 == 1) ? wt.y : (ks % 4 == 2) ? wt.z : wt.w;
+                    if constexpr (CODE == CODE_E2M1)
+                        e2m1_word<XT>(w, a);
+                    else if constexpr (CODE == CODE_IQ4_XS)
+                        iq4_word<XT>(w, a);
+                    else
+                        dequant_word<XT>(w, zp[r], a);
+                }
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     if (mt > 0 && mt * 8 >= p.m) break;  // an all-padding x tile adds nothing
@@ -431,6 +440,11 @@ const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, in
     if (code == CODE_IQ4_XS && x_type == XT && mt == MT && group_size == 32 && !asym)       \
         return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_IQ4_XS>);
     QG_IQ4_XS_FRAG_KERNELS(QG_CASE)
+#undef QG_CASE
+#define QG_CASE(XT, MT)                                                                      \
+    if (code == CODE_Q8_0 && x_type == XT && mt == MT && group_size == 32 && !asym)         \
+        return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_Q8_0>);
+    QG_Q8_0_FRAG_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;
 }

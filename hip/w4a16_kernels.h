@@ -23,11 +23,18 @@ namespace w4a16 {
 // GGUF Q4_K code (the weight is (d * sc) * q - dmin * m, G = 32: the scale words hold the
 // records sc | m << 8 of src/formats/gguf_frag.h, `superblocks` the fp16 d and dmin per 256),
 // or a GGUF IQ4_XS codebook index (the weight is (d * (ls - 32)) * kvalues[q], G = 32: the
-// records hold ls, `superblocks` d). The frag kernels serve all four; the nibble-to-A-register
-// step and the group's epilogue differ.
-enum WeightCode { CODE_INT4 = 0, CODE_E2M1 = 1, CODE_Q4_K = 2, CODE_IQ4_XS = 3 };
+// records hold ls, `superblocks` d), or a GGUF Q8_0 byte (not a nibble: the int8 q of weight
+// d * q, G = 32, the scale words Q4_0's fp16 d; its weights plane is the byte plane of
+// src/formats/gguf_frag.h, twice the nibble plane). The frag kernels serve all five; the
+// code-to-A-register step and the group's epilogue differ.
+enum WeightCode { CODE_INT4 = 0, CODE_E2M1 = 1, CODE_Q4_K = 2, CODE_IQ4_XS = 3, CODE_Q8_0 = 4 };
 // The codes whose scale words are records with super-block words (src/formats/gguf_frag.h).
 __host__ __device__ constexpr bool has_superblocks(int code) { return code == CODE_Q4_K || code == CODE_IQ4_XS; }
+// 16-byte weight loads a lane makes per row block and 128-k chunk: 2 of nibbles, 4 of bytes.
+__host__ __device__ constexpr int chunk_loads(int code) { return code == CODE_Q8_0 ? 4 : 2; }
+// The codes whose prefill computes each weight in float32 as the gguf package does and rounds it
+// once to x's type (FOLD_FP32 below).
+__host__ __device__ constexpr bool float32_weights(int code) { return has_superblocks(code) || code == CODE_Q8_0; }
 
 // ---------------------------------------------------------------- decode_mma (canonical, v5)
 struct Params {
@@ -104,7 +111,7 @@ __global__ void decode_simt(const SimtParams p);
 // ---------------------------------------------------------------- decode_frag (frag layout)
 struct FragParams {
     const uint16_t* x;       // [M, K] fp16/bf16 bits, row stride ldx elements
-    const uint32_t* qweight; // frag plane: [RB][KT][32 lanes][4 words]
+    const uint32_t* qweight; // frag plane: [RB][KT][32 lanes][4 words] (CODE_Q8_0: [RB][2 KT][32][4])
     const uint32_t* scales;  // frag plane as words: [RB][KC][8 g][GC] = s[g] | s[g + 8] << 16
     const uint8_t* qzeros;   // frag plane [RB][KC][8 g][GC] (z[g] | z[g+8] << 4), or nullptr
     void* y;                 // [M, N], row stride ldy elements, type y_type
@@ -159,6 +166,7 @@ const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, in
 #define QG_MXFP4_FRAG_KERNELS(X) X(ELEM_F16, 1) X(ELEM_F16, 2) X(ELEM_BF16, 1) X(ELEM_BF16, 2)
 #define QG_Q4_K_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
 #define QG_IQ4_XS_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
+#define QG_Q8_0_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
 
 // ---------------------------------------------------------------- prefill_wgmma (frag, sm_90a)
 // Thread block: 2 warpgroups (8 warps); warp w owns row block w of the block's 128 weight
@@ -219,14 +227,15 @@ struct PrefillSmem {
 // (q - z) * lo, exact, and one fused multiply-add (q - z) * hi + that: the same single
 // rounding of the exact product, two instructions a register instead of one. fp16 x keeps the
 // fp32 group scale (FOLD_NONE: 15 s can overflow fp16 where fp32 does not). GGUF Q4_K and
-// IQ4_XS (FOLD_FP32, either x type) compute each weight as the gguf package does in float32,
-// (d * sc) * q - dmin * m (the product exact, so one fused multiply-add rounds as its multiply
-// and subtract do) or (d * (ls - 32)) * kvalues[q], rounded once to x's type (bf16, or fp16,
-// which overflows to inf only past 65504). The launcher's plan and the kernel list below both
+// IQ4_XS and Q8_0 (FOLD_FP32, either x type) compute each weight as the gguf package does in
+// float32, (d * sc) * q - dmin * m (the product exact, so one fused multiply-add rounds as its
+// multiply and subtract do), (d * (ls - 32)) * kvalues[q] or d * q (exact: 11 x 8 bits), rounded
+// once to x's type (bf16, or fp16, which overflows to inf only past 65504). Q8_0 cannot take
+// FOLD_F16: q * lo has 8 + 3 significant bits, more than bf16's 8. The launcher's plan and the kernel list below both
 // ask prefill_fold.
 enum PrefillFold { FOLD_NONE = 0, FOLD_BF16 = 1, FOLD_F16 = 2, FOLD_FP32 = 3 };
 __host__ __device__ constexpr int prefill_fold(int x_type, int scale_type, int code = CODE_INT4) {
-    return has_superblocks(code)         ? FOLD_FP32
+    return float32_weights(code)         ? FOLD_FP32
            : x_type != ELEM_BF16         ? FOLD_NONE
            : scale_type == ELEM_BF16     ? FOLD_BF16
                                          : FOLD_F16;
@@ -262,6 +271,7 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
 #define QG_Q4_K_PREFILL_KERNELS(X) \
     X(ELEM_F16, 64) X(ELEM_F16, 128) X(ELEM_F16, 256) X(ELEM_BF16, 64) X(ELEM_BF16, 128) X(ELEM_BF16, 256)
 #define QG_IQ4_XS_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
+#define QG_Q8_0_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
 #endif
 
 // ---------------------------------------------------------------- repack (canonical -> frag)
@@ -277,9 +287,9 @@ struct RepackParams {
     int group_size;
     int64_t src_row_step;     // output row n reads canonical row n * src_row_step (MXFP4 experts'
                               // interleaved gate / up rows: 2); 0 or 1: dense (W4A16: always)
-    const uint8_t* gguf;      // GGUF Q4_0 or Q4_K blocks (qweight and scales unused), N rows of
+    const uint8_t* gguf;      // GGUF blocks of a frag format (qweight and scales unused), N rows of
     int64_t ldw;              // stride ldw bytes, read by src/formats/gguf_frag.h; else nullptr
-    int gguf_format;          // QG_FORMAT_Q4_0 or QG_FORMAT_Q4_K
+    int gguf_format;          // QG_FORMAT_Q8_0, Q4_0, Q4_K or IQ4_XS (Q8_0: the byte plane)
 };
 constexpr int REPACK_THREADS = 256;
 __global__ void repack_frag_weights(const RepackParams p);   // one thread per output word

@@ -55,19 +55,23 @@ namespace w4a16 {
 #if defined(QG_HAS_WGMMA)
 namespace {
 
-// One 128-k chunk of a lane's row block: two frag tiles, GC scale words, GC zero bytes.
-template <int GC>
+// One 128-k chunk of a lane's row block: two frag tiles (CODE_Q8_0's byte plane: four 32-k
+// tiles, WT = chunk_loads), GC scale words, GC zero bytes.
+template <int GC, int WT>
 struct Chunk {
-    uint4 w[2];
+    uint4 w[WT];
     uint32_t s[GC];
     uint32_t z;
     uint2 dm;  // CODE_Q4_K / IQ4_XS: the super-block words (d; dmin)
 };
 
 template <int GC, bool ASYM, int CODE>
-__device__ __forceinline__ void load_chunk(Chunk<GC>& c, const PrefillParams& p, int rb, int kc, int lane, bool in) {
+__device__ __forceinline__ void load_chunk(Chunk<GC, chunk_loads(CODE)>& c, const PrefillParams& p, int rb, int kc,
+                                           int lane, bool in) {
+    constexpr int WT = chunk_loads(CODE);
     if (!in) {
-        c.w[0] = c.w[1] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < WT; ++j) c.w[j] = make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int i = 0; i < GC; ++i) c.s[i] = 0;
         c.z = 0;
@@ -77,9 +81,9 @@ __device__ __forceinline__ void load_chunk(Chunk<GC>& c, const PrefillParams& p,
     if (has_superblocks(CODE))
         c.dm = __ldg(p.superblocks + (static_cast<int64_t>(rb) * (p.k_chunks / 2) + kc / 2) * 8 + (lane >> 2));
     const uint4* w = reinterpret_cast<const uint4*>(p.qweight) +
-                     (static_cast<int64_t>(rb) * p.k_tiles + 2 * static_cast<int64_t>(kc)) * 32 + lane;
-    c.w[0] = __ldg(w);
-    c.w[1] = __ldg(w + 32);
+                     (static_cast<int64_t>(rb) * p.k_tiles * (WT / 2) + WT * static_cast<int64_t>(kc)) * 32 + lane;
+#pragma unroll
+    for (int j = 0; j < WT; ++j) c.w[j] = __ldg(w + 32 * j);
     const int64_t rec = (static_cast<int64_t>(rb) * p.k_chunks + kc) * 8 + (lane >> 2);
     const uint32_t* s = p.scales + rec * GC;
     if constexpr (GC == 4) {
@@ -192,30 +196,38 @@ __device__ __forceinline__ uint32_t pack_x2(float lo, float hi) {
     }
 }
 
-// CODE_Q4_K / CODE_IQ4_XS (FOLD_FP32): the A registers of half h's four k16 steps, each weight
-// s * value - b in float32 as the gguf package computes it (superblock_group: Q4_K's
+// FOLD_FP32 (CODE_Q4_K, CODE_IQ4_XS, CODE_Q8_0): the A registers of half h's four k16 steps,
+// each weight s * value - b in float32 as the gguf package computes it (superblock_group: Q4_K's
 // (d * sc) * q - dmin * m, where the product is exact so one fused multiply-add rounds as its
 // multiply and subtract do; IQ4_XS's (d * (ls - 32)) * kvalues[q], b = 0: the fma is the
-// multiply) rounded once to x's type. Step j is in group 2h + j / 2; register p of a step is
-// row g (p even) or g + 8 (odd), its values the nibbles at bits 4p (low half) and 16 + 4p (high
-// half) of the step's word, made exact fp16 pairs (the W4A16 dequant with z = 0, Marlin's two
-// pairs a shift; iq4_word's codebook lookup) and widened to float32 (HADD2.F32).
-template <int XT, int CODE>
-__device__ __forceinline__ void superblock_tile(uint32_t (&a)[4][4], const uint4& w, const uint32_t (&rec)[4],
-                                                uint2 dm, int h) {
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+// multiply; scale_group: Q8_0's d * q, b = 0) rounded once to x's type. Step j is in group
+// 2h + j / 2; register p of a step is row g (p even) or g + 8 (odd), its values made exact fp16
+// pairs (the W4A16 dequant with z = 0 of the nibbles at bits 4p and 16 + 4p, Marlin's two pairs
+// a shift; iq4_word's codebook lookup; q8_word on words 2 (j % 2), + 1 of 32-k tile 2h + j / 2)
+// and widened to float32 (HADD2.F32).
+template <int XT, int CODE, int GC>
+__device__ __forceinline__ void float32_tile(uint32_t (&a)[4][4], const Chunk<GC, chunk_loads(CODE)>& c, int h) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        const SuperGroup q = superblock_group<CODE == CODE_Q4_K>(rec[2 * h + half], dm);
+        const SuperGroup q = CODE == CODE_Q8_0 ? scale_group(c.s[2 * h + half])
+                                               : superblock_group<CODE == CODE_Q4_K>(c.s[2 * h + half], c.dm);
         const float s[2] = {q.s_lo, q.s_hi}, nb[2] = {-q.b_lo, -q.b_hi};
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             const int j = 2 * half + jj;
-            uint32_t v[4];  // the values as fp16 pairs (pair p: nibbles p and p + 4), exact
-            if constexpr (CODE == CODE_Q4_K)
-                dequant_word<ELEM_F16>(words[j], zero_pairs<ELEM_F16>(0u, 0u), v);
-            else
-                iq4_word<ELEM_F16>(words[j], v);
+            uint32_t v[4];  // the values as fp16 pairs, exact
+            if constexpr (CODE == CODE_Q8_0) {
+                const uint4 t = c.w[2 * h + half];
+                q8_word<ELEM_F16>(jj ? t.z : t.x, v[0], v[1]);
+                q8_word<ELEM_F16>(jj ? t.w : t.y, v[2], v[3]);
+            } else {
+                const uint4& t = c.w[h];
+                const uint32_t word = j == 0 ? t.x : j == 1 ? t.y : j == 2 ? t.z : t.w;
+                if constexpr (CODE == CODE_Q4_K)
+                    dequant_word<ELEM_F16>(word, zero_pairs<ELEM_F16>(0u, 0u), v);
+                else
+                    iq4_word<ELEM_F16>(word, v);
+            }
 #pragma unroll
             for (int p = 0; p < 4; ++p) {
                 const __half2 vh = *reinterpret_cast<const __half2*>(&v[p]);
@@ -287,7 +299,7 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
     // loaded registers open each iteration). Elsewhere (64 tokens at G = 32, and the group-sum
     // kernels near 255 registers) the unrolled loop spilled inside the loop, and the slots rotate.
     constexpr bool UNROLL3 = FOLD && (BN >= 128 || G >= 64);
-    Chunk<GC> cb[3];
+    Chunk<GC, chunk_loads(CODE)> cb[3];
     load_chunk<GC, ASYM, CODE>(cb[0], p, rbw, kc0, lane, rb_in);
     load_chunk<GC, ASYM, CODE>(cb[1], p, rbw, kc0 + 1, lane, rb_in && 1 < KC);
 
@@ -298,14 +310,14 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
     RingPos<STAGES> use(k0);     // the step the warps compute
     uint32_t prev = ring.empty;  // `empty` of the step before (FOLD and G = 128 release it)
     uint32_t a[2][4][4];  // A registers of the chunk's two steps (outside the loop: FOLD keeps one in flight)
-    auto run_chunk = [&](const Chunk<GC>& cur, int kc) {
+    auto run_chunk = [&](const Chunk<GC, chunk_loads(CODE)>& cur, int kc) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int kt = 2 * kc + h;
             if (tid == 0 && kt + PD < KT) issue(kt + PD);
             // zero-points of the four k16 steps: step j of half h is in group (64 h + 16 j) / G
-            if constexpr (has_superblocks(CODE)) {
-                superblock_tile<XT, CODE>(a[h], cur.w[h], cur.s, cur.dm, h);
+            if constexpr (float32_weights(CODE)) {
+                float32_tile<XT, CODE, GC>(a[h], cur, h);
             } else if constexpr (CODE == CODE_E2M1) {
                 const uint32_t words[4] = {cur.w[h].x, cur.w[h].y, cur.w[h].z, cur.w[h].w};
 #pragma unroll
@@ -479,7 +491,8 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
 #if defined(QG_HAS_WGMMA)
     static_assert(FOLD == FOLD_NONE || FOLD == FOLD_FP32 || XT == ELEM_BF16,
                   "the fold multiplies bf16 A registers by their scales");
-    static_assert(has_superblocks(CODE) == (FOLD == FOLD_FP32), "Q4_K's and IQ4_XS's weights are computed in float32 (FOLD_FP32)");
+    static_assert(float32_weights(CODE) == (FOLD == FOLD_FP32),
+                  "Q4_K's, IQ4_XS's and Q8_0's weights are computed in float32 (FOLD_FP32)");
     static_assert(BN < 256 || FOLD, "a 256-token tile leaves no registers for the group sums");
     typedef PrefillSmem<BN> Sm;
     constexpr int STAGES = Sm::STAGES;
@@ -590,6 +603,12 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
         return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_IQ4_XS, FOLD_FP32, true>) \
                         : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_IQ4_XS, FOLD_FP32, false>);
     QG_IQ4_XS_PREFILL_KERNELS(QG_CASE)
+#undef QG_CASE
+#define QG_CASE(XT, BN)                                                                                     \
+    if (code == CODE_Q8_0 && x_type == XT && bn == BN && group_size == 32 && !asym)                         \
+        return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q8_0, FOLD_FP32, true>) \
+                        : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q8_0, FOLD_FP32, false>);
+    QG_Q8_0_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;
 }

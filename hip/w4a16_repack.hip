@@ -22,12 +22,26 @@ __device__ __forceinline__ int64_t source_row(const RepackParams& p, int64_t n) 
 __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const RepackParams p) {
     const frag::Geometry geo(p.n, p.k, p.group_size);
     const int64_t i = static_cast<int64_t>(blockIdx.x) * REPACK_THREADS + threadIdx.x;
-    if (i >= geo.qweight_bytes() / 4) return;
+    const bool bytes = p.gguf != nullptr && gguf_frag::code_bits(p.gguf_format) == 8;
+    if (i >= (bytes ? gguf_frag::weights_plane_bytes(p.gguf_format, geo) : geo.qweight_bytes()) / 4) return;
     const int s = static_cast<int>(i % frag::kWordsPerLane);
     const int lane = static_cast<int>((i / frag::kWordsPerLane) % frag::kLanes);
     const int64_t tile = i / frag::kTileWords;
-    const int64_t rb = tile / geo.k_tiles, kt = tile % geo.k_tiles;
     uint32_t word = 0;
+    if (bytes) {  // GGUF Q8_0's byte plane: tile (rb, kb) of 16 rows x 32 k, 4 codes a word
+        const int64_t kbs = 2 * geo.k_tiles, rb = tile / kbs, kb = tile % kbs;
+        const gguf_frag::FragFormat ff(p.gguf_format);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            const int64_t n = rb * frag::kRowBlock + gguf_frag::byte_row(lane, b);
+            const int64_t k = kb * gguf_frag::kByteTileK + gguf_frag::byte_k(lane, s, b);
+            if (n < p.n && k < p.k)
+                word |= ff.code(p.gguf + n * p.ldw + (k / ff.elems) * ff.bytes, static_cast<int>(k % ff.elems)) << (8 * b);
+        }
+        p.out_qweight[i] = word;
+        return;
+    }
+    const int64_t rb = tile / geo.k_tiles, kt = tile % geo.k_tiles;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         const int64_t n = rb * frag::kRowBlock + frag::nibble_row(lane, j);
@@ -48,7 +62,7 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const Repa
 }
 
 // Output record (rb, kc, g, c): the scales of rows g and g+8 for group kc * GC + c (W4A16:
-// copied; MXFP4: E8M0 bytes as bf16; GGUF Q4_0: each block's d; Q4_K / IQ4_XS: each
+// copied; MXFP4: E8M0 bytes as bf16; GGUF Q4_0, Q8_0: each block's d; Q4_K / IQ4_XS: each
 // sub-block's record, and where kc is even and c = 0 the super-block's fields), and their zero
 // byte.
 __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_scales(const RepackParams p) {

@@ -62,8 +62,8 @@ extern "C" {
 /* Bumped whenever a packed weight layout accepted or produced by the library changes
  * (2: the W4A16 frag layout of qg_w4a16_repack; 3: the MXFP4 frag layout of qg_mxfp4_repack;
  * 4: the MoE frag layout of qg_moe_repack; 5: the GGUF frag layout of qg_gguf_repack;
- * 6: Q4_K and IQ4_XS in that layout). */
-#define QG_FORMAT_VERSION 6
+ * 6: Q4_K and IQ4_XS in that layout; 7: Q8_0 in that layout, a byte plane). */
+#define QG_FORMAT_VERSION 7
 
 /* ------------------------------------------------------------------ status */
 
@@ -330,10 +330,13 @@ QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg
 /*
  * One-time repack of a GGUF weight (the .gguf blocks) into `layout` (QG_GGUF_LAYOUT_FRAG), in
  * the memory of ctx (host for a CPU context, device for a GPU one: a kernel on `stream`).
- * Q4_0, Q4_K and IQ4_XS so far; both planes keep every bit of the blocks (docs/gguf-layout.md):
- *   out_w:      the W4A16 frag qweight plane of the 4-bit codes q;
- *   out_scales: Q4_0: the W4A16 frag scales plane of G = 32, each block's fp16 d bit for bit
- *               (its weight d * (q - 8) is a W4A16 weight of G = 32, symmetric);
+ * Q8_0, Q4_0, Q4_K and IQ4_XS so far; both planes keep every bit of the blocks
+ * (docs/gguf-layout.md):
+ *   out_w:      the W4A16 frag qweight plane of the 4-bit codes q; Q8_0: its byte plane of the
+ *               int8 codes (twice that size: per 16 rows x 32 k, each lane's 16 bytes are its
+ *               mma.m16n8k16 A registers of two k16 steps);
+ *   out_scales: Q4_0, Q8_0: the W4A16 frag scales plane of G = 32, each block's fp16 d bit for
+ *               bit (Q4_0's weight d * (q - 8) is a W4A16 weight of G = 32, symmetric);
  *               Q4_K: that plane holding each 32-element sub-block's record sc | m << 8 (the
  *               6-bit integers as uint16), then the fp16 bits of each super-block's d and dmin;
  *               IQ4_XS: the same with the record ls and the fields d and 0 (its codes are the

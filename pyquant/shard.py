@@ -14,7 +14,8 @@ a multiple of:
 
     weight                   n                                 k
     int4 canonical           8   (qzeros: 8 rows to a word)    group_size (one scale, one zero)
-    int4 frag, mxfp4 frag    16  (a row block of the planes)   128 (a k-chunk of the planes)
+    int4, mxfp4, GGUF q4_0   16  (a row block of the planes)   128 (a k-chunk of the planes)
+      and q8_0 frag
     GGUF q8_0, q4_0          1                                 32  (a block)
     GGUF q4_K, q6_K, iq4_xs, 1                                 256 (a super-block)
          iq3_xxs
@@ -158,7 +159,7 @@ def _describe(w) -> str:
 def rule(w, axis) -> tuple[int, str]:
     """(granule, why): the cuts along `axis` must fall on multiples of granule."""
     name = _axis_name(w, axis)
-    if getattr(w, "layout", None) == "frag":  # int4, mxfp4 or gguf q4_0: the same planes
+    if getattr(w, "layout", None) == "frag":  # int4, mxfp4 or gguf q4_0 / q8_0: the same planes
         return {"n": (_frag.ROW_BLOCK, "whole 16-row blocks of the frag planes"),
                 "k": (_frag.K_CHUNK, "whole 128-k chunks of the frag planes")}[name]
     if isinstance(w, Int4Weight):
@@ -244,7 +245,7 @@ def plan(w, axis, parts, index) -> Plan:
     sizes) along `axis` ("n", "k", "expert", or an index into w.shape) of weight w."""
     name = _axis_name(w, axis)
     _check_valid(w)
-    if isinstance(w, GGUFWeight) and w.layout == "frag" and w.format != "q4_0":
+    if isinstance(w, GGUFWeight) and w.layout == "frag" and w.format not in ("q4_0", "q8_0"):
         raise _err(f"a frag-layout {w.format} weight does not shard (its scales plane holds the records and "
                    "the super-block words in one array); shard the block weight and repack each part: "
                    "w.repack('canonical').shard(...).repack() on host weights")
@@ -297,14 +298,14 @@ def _frag_copies(w, planes: dict, items: dict, words: str, name: str, start: int
     """The frag planes of w ({component: shape}, {component: itemsize}), the weight words
     `words` [RB, KT, ...], the others [RB, KC, ...] (an MXFP4 frag weight's are the int4 ones
     of G = 32: pyquant.formats.mxfp4_frag): an n shard is row blocks rb, a k shard k-tiles
-    (two per 128-k chunk) of the words and k-chunks of the rest."""
+    of the words (two per 128-k chunk; four of a GGUF q8_0 byte plane) and k-chunks of the rest."""
     up = lambda v, m: -(-v // m)  # noqa: E731
     if name == "n":
         rb = (start // _frag.ROW_BLOCK, up(stop, _frag.ROW_BLOCK))
         spans = {c: rb for c in planes}
     else:
         kc = (start // _frag.K_CHUNK, up(stop, _frag.K_CHUNK))
-        per = _frag.K_CHUNK // _frag.K_TILE
+        per = planes[words][1] // -(-w.shape[-1] // _frag.K_CHUNK)  # word tiles a chunk
         spans = {c: (kc[0] * per, kc[1] * per) if c == words else kc for c in planes}
     ax = 0 if name == "n" else 1
     return tuple(_copy(c, planes[c], items[c], ax, *spans[c]) for c in planes if getattr(w, c) is not None)

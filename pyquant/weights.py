@@ -511,10 +511,10 @@ class GGUFWeight(_TwoLayouts):
     a .gguf file stores them. A numpy `raw` whose rows are padded (row stride > row bytes) is
     passed with that stride as ldw.
 
-    layout="frag" (q4_0, q4_K and iq4_xs; made by .repack() or .to_device() on a GPU context;
-    pyquant.formats.gguf_frag, docs/gguf-layout.md): raw is the int32 weights plane and
-    scales the scales plane that qg_gguf_repack writes (float16 for q4_0, uint16 for q4_K and iq4_xs:
-    gguf_frag.scales_dtype), the W4A16 frag planes of G = 32 that the GPU decode and prefill
+    layout="frag" (q8_0, q4_0, q4_K and iq4_xs; made by .repack() or .to_device() on a GPU context;
+    pyquant.formats.gguf_frag, docs/gguf-layout.md): raw is the int32 weights plane (q8_0's holds
+    bytes, twice the others' size) and scales the scales plane that qg_gguf_repack writes (float16
+    for q4_0 and q8_0, uint16 for q4_K and iq4_xs: gguf_frag.scales_dtype), the W4A16 frag planes of G = 32 that the GPU decode and prefill
     kernels read (fp16 or bf16 x there; fp32 x takes the block layout). Requires shape=(N, K).
 
     Optional bias [N] (float32, float16 or bfloat16; the file's <name>.bias beside
@@ -645,16 +645,17 @@ class GGUFWeight(_TwoLayouts):
     def to_device(self, ctx: Context | None = None, layout: str = "auto", stream=None,
                   row_align: int | None = 16):
         """The same weight in `ctx` (default_context()). layout="auto" gives a GPU context the
-        frag layout where the format has one (q4_0, q4_K, iq4_xs: repacked there, on `stream`: what the GPU
-        decode and prefill kernels read) and keeps the layout otherwise; "canonical" or "frag"
-        asks for one. A canonical weight's rows start `row_align` bytes after the previous one
+        frag layout for q4_0, q4_K and iq4_xs (gguf_frag.AUTO_FRAG: repacked there, on `stream`: what
+        the GPU decode and prefill kernels read) and keeps the layout otherwise; "canonical" or
+        "frag" asks for one (q8_0 has a frag layout too, not yet chosen by auto: its frag kernels
+        have not run on a GPU). A canonical weight's rows start `row_align` bytes after the previous one
         (blocks unchanged; the zero padding is never read), so that the GPU decode tier copies
         rows with 16-byte loads: raw Q6_K and IQ3_XXS rows are otherwise only 2-byte aligned
         (docs/gguf-layout.md). The cost is one host-side copy and at most row_align - 1 bytes
         per row. row_align=None keeps the rows as they are."""
         ctx = ctx if ctx is not None else default_context()
         if layout == "auto":
-            layout = "frag" if ctx.is_gpu and self._frag_refusal() is None else self.layout
+            layout = "frag" if ctx.is_gpu and self.format in _ggfrag.AUTO_FRAG else self.layout
         if layout == "frag" or self.layout == "frag":
             return super().to_device(ctx, layout, stream)
         _check_layout(layout)

@@ -371,10 +371,10 @@ qg_status check_gguf_rows(const GgufFormat* f, int64_t k, int64_t ldw) {
     return QG_OK;
 }
 
-// The frag layout of a GGUF format (qg_gguf_repack): Q4_0, Q4_K and IQ4_XS so far.
+// The frag layout of a GGUF format (qg_gguf_repack): Q8_0, Q4_0, Q4_K and IQ4_XS so far.
 qg_status check_gguf_frag_format(const GgufFormat* f) {
     QG_CHECK(qg::gguf_frag::has_frag_layout(f->format),
-             "format=%s has no frag layout yet (QG_GGUF_LAYOUT_FRAG: q4_0, q4_K and iq4_xs only)", f->name);
+             "format=%s has no frag layout yet (QG_GGUF_LAYOUT_FRAG: q8_0, q4_0, q4_K and iq4_xs only)", f->name);
     return QG_OK;
 }
 
@@ -401,7 +401,7 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     QG_TRY(check_extent("ldx", a.ldx, "x", a.m, (int64_t)dtype_size(a.x_dtype)));
     QG_TRY(check_extent("ldy", a.ldy, "y", a.m, (int64_t)dtype_size(a.y_dtype)));
     if (frag)  // the planes hold N and K padded to 16 and 128
-        QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "w (the frag plane: k/2 bytes per padded row)",
+        QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "w (the frag plane: k/2 or k bytes per padded row)",
                             a.n + qg::frag::kRowBlock, 1));
     else
         QG_TRY(check_extent("ldw", a.ldw, "w", a.n, 1));
@@ -429,7 +429,7 @@ qg_status check_gguf_repack(const qg_gguf_repack_args& a, bool pointers) {
     QG_TRY(check_positive("n", a.n));
     QG_TRY(check_positive("k", a.k));
     QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name, f->elems);
-    QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "out_w (k/2 bytes per padded row)", a.n + qg::frag::kRowBlock, 1));
+    QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "out_w (k/2 or k bytes per padded row)", a.n + qg::frag::kRowBlock, 1));
     if (!pointers) return QG_OK;
     QG_TRY(check_gguf_rows(f, a.k, a.ldw));
     QG_TRY(check_extent("ldw", a.ldw, "w", a.n, 1));
@@ -438,7 +438,8 @@ qg_status check_gguf_repack(const qg_gguf_repack_args& a, bool pointers) {
     QG_TRY(check_ptr(a.out_scales, "out_scales", 16, "frag layout: 16-byte scale records"));
     const qg::frag::Geometry geo(a.n, a.k, 32);
     const size_t in_w = (size_t)(a.n - 1) * (size_t)a.ldw + (size_t)(a.k / f->elems * f->bytes);
-    const size_t out_w = (size_t)geo.qweight_bytes(), out_s = (size_t)qg::gguf_frag::scales_plane_bytes(a.format, geo);
+    const size_t out_w = (size_t)qg::gguf_frag::weights_plane_bytes(a.format, geo),
+                 out_s = (size_t)qg::gguf_frag::scales_plane_bytes(a.format, geo);
     QG_CHECK(disjoint(a.out_w, out_w, a.w, in_w), "out_w overlaps w (the repack reads the blocks while it writes)");
     QG_CHECK(disjoint(a.out_scales, out_s, a.w, in_w), "out_scales overlaps w (the repack reads the blocks while it writes)");
     QG_CHECK(disjoint(a.out_scales, out_s, a.out_w, out_w), "out_scales overlaps out_w");
@@ -1408,7 +1409,7 @@ QG_API qg_status qg_gguf_repack_size(const qg_gguf_repack_args* args, size_t* w_
         QG_CHECK(w_bytes != nullptr && scales_bytes != nullptr, "w_bytes and scales_bytes must not be NULL");
         QG_TRY(check_gguf_repack(a, false));
         const qg::frag::Geometry geo(a.n, a.k, 32);
-        *w_bytes = (size_t)geo.qweight_bytes();
+        *w_bytes = (size_t)qg::gguf_frag::weights_plane_bytes(a.format, geo);
         *scales_bytes = (size_t)qg::gguf_frag::scales_plane_bytes(a.format, geo);
         return QG_OK;
     });

@@ -1,4 +1,4 @@
-// GGUF weight layouts on the host: the CPU repack of Q4_0, Q4_K and IQ4_XS blocks into the frag layout
+// GGUF weight layouts on the host: the CPU repack of Q8_0, Q4_0, Q4_K and IQ4_XS blocks into the frag layout
 // (qg_gguf_repack on a CPU context) and its inverse, which lets the CPU tier serve a
 // frag-layout call. The frag planes are the W4A16 ones of G = 32 (src/formats/gguf_frag.h);
 // pyquant/formats/gguf_frag.py is the specification the tests hold both directions to, byte
@@ -19,14 +19,14 @@ namespace {
 
 using gguf_frag::kGroup;
 
-// Calls f(q word index, shift, n, k) for every element of the logical [n, k] weight: where its
-// code sits in the qweight plane (frag::q_word_index).
+// Calls f(word index, shift, n, k) for every element of the logical [n, k] weight: where its
+// code sits in the format's weights plane (gguf_frag::code_word_index).
 template <class F>
-void for_each_code(const frag::Geometry& geo, F&& f) {
+void for_each_code(int format, const frag::Geometry& geo, F&& f) {
     for (int64_t n = 0; n < geo.n; ++n)
         for (int64_t k = 0; k < geo.k; ++k) {
             int shift = 0;
-            const int64_t word = frag::q_word_index(geo.k_tiles, n, k, &shift);
+            const int64_t word = gguf_frag::code_word_index(format, geo, n, k, &shift);
             f(word, shift, n, k);
         }
 }
@@ -51,8 +51,8 @@ void gguf_repack_frag_host(const qg_gguf_repack_args& a) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w);
     auto block_of = [&](int64_t n, int64_t k) { return w + n * a.ldw + (k / ff.elems) * ff.bytes; };
     uint32_t* out_q = static_cast<uint32_t*>(a.out_w);
-    memset(out_q, 0, static_cast<size_t>(geo.qweight_bytes()));  // padding: q = 0
-    for_each_code(geo, [&](int64_t word, int shift, int64_t n, int64_t k) {
+    memset(out_q, 0, static_cast<size_t>(gguf_frag::weights_plane_bytes(a.format, geo)));  // padding: q = 0
+    for_each_code(a.format, geo, [&](int64_t word, int shift, int64_t n, int64_t k) {
         out_q[word] |= ff.code(block_of(n, k), static_cast<int>(k % ff.elems)) << shift;
     });
     uint16_t* out_s = static_cast<uint16_t*>(a.out_scales);
@@ -86,11 +86,11 @@ qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a) 
     memset(blocks.get(), 0, bytes);
     uint8_t* out = blocks.get();
     const uint32_t* in_q = static_cast<const uint32_t*>(a->w);
-    for_each_code(geo, [&](int64_t word, int shift, int64_t n, int64_t k) {
+    for_each_code(a->format, geo, [&](int64_t word, int shift, int64_t n, int64_t k) {
         const int e = static_cast<int>(k % ff.elems);
         int nib = 0;
         uint8_t* code = out + n * ldw + (k / ff.elems) * ff.bytes + ff.code_byte(e, &nib);
-        *code = static_cast<uint8_t>(*code | (((in_q[word] >> shift) & 15u) << nib));
+        *code = static_cast<uint8_t>(*code | (((in_q[word] >> shift) & ff.code_mask) << nib));
     });
     const uint16_t* in_s = static_cast<const uint16_t*>(a->w_scales);
     for_each_scale(geo, [&](int64_t i, int64_t n, int64_t grp, bool real) {

@@ -1,4 +1,4 @@
-"""The GGUF frag layout (pyquant.formats.gguf_frag, qg_gguf_repack) on the CPU: Q4_0 and Q4_K.
+"""The GGUF frag layout (pyquant.formats.gguf_frag, qg_gguf_repack) on the CPU: Q4_0, Q8_0, Q4_K, IQ4_XS.
 
 1. The numpy reference against its definition: the weights plane is the W4A16 frag qweight
    plane (pyquant.formats.int4_frag, itself checked against the PTX fragment layout in
@@ -13,7 +13,8 @@
 Q4_K and IQ4_XS (section at the end): their planes against their definition (the codes plane as
 Q4_0's, the records (sc | m << 8, ls) where the W4A16 scales are, then d and dmin (or 0) per
 super-block), round trips for every byte pattern of their blocks, the library's repack and the
-CPU tier on a frag weight.
+CPU tier on a frag weight. Q8_0 (its section): the byte plane against the PTX A-fragment layout,
+round trips of every byte and fp16 pattern, the library's repack, the CPU tier, shards.
 5. Refusals: formats without a frag layout, bad repack arguments (nothing written), fp32 x is
    fine on the CPU; pyquant's GGUFWeight(layout="frag") checks its planes.
 """
@@ -34,6 +35,7 @@ from pyquant.formats import int4_frag as FR
 from pyquant.formats import iq4_xs
 from pyquant.formats import q4_0
 from pyquant.formats import q4_k
+from pyquant.formats import q8_0
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 # N = 40 pads to 48 rows, K = 224 (seven blocks) to 256; N = 1; K one chunk; a real K plus a block
@@ -131,11 +133,12 @@ def test_cpu_tier_on_frag_is_the_block_result(rng, x_dt, bias, assert_bitwise_eq
 def test_formats_without_a_frag_layout_are_refused(rng):
     raw = pyquant.formats.get("q6_K").module.random_blocks(rng, 16, 256)
     w = pyquant.from_gguf("q6_K", raw, shape=(16, 256))
-    with pytest.raises(pyquant.InvalidArgumentError, match=r"format 'q6_K' has no frag layout yet \(q4_0, q4_K, iq4_xs only\)"):
+    with pytest.raises(pyquant.InvalidArgumentError,
+                       match=r"format 'q6_K' has no frag layout yet \(q8_0, q4_0, q4_K, iq4_xs only\)"):
         w.repack()
     assert w.to_device(pyquant.Context("cpu")).layout == "canonical"
     with pytest.raises(pyquant.InvalidArgumentError, match="no frag layout"):
-        pyquant.GGUFWeight("q8_0", np.zeros(64, np.int32), shape=(16, 32), layout="frag",
+        pyquant.GGUFWeight("iq3_xxs", np.zeros(64, np.int32), shape=(16, 256), layout="frag",
                            scales=np.zeros(16, np.float16))
 
 
@@ -222,7 +225,7 @@ def test_gemm_refuses_a_bad_layout_and_misaligned_planes(rng, poisoned_output):
         _lib.qg_gguf_gemm(pyquant.cpu_context().handle, ctypes.byref(a), None)
 
     for over, pattern in ((dict(layout=3), r"layout=3 is not a qg_gguf_layout value"),
-                          (dict(format=_lib.Format.QG_FORMAT_Q8_0), r"format=Q8_0 has no frag layout yet"),
+                          (dict(format=_lib.Format.QG_FORMAT_Q6_K, k=256), r"format=Q6_K has no frag layout yet"),
                           (dict(w=planes.ctypes.data + 8), r"w=0x[0-9a-f]+ is not aligned to 16 bytes"),
                           (dict(w_scales=planes.ctypes.data + fw.nbytes + 2), r"w_scales=0x[0-9a-f]+ is not aligned"),
                           (dict(w_scales=None), r"w_scales is NULL")):
@@ -346,3 +349,94 @@ def test_superblock_frag_refusals(rng, fmt):
     f = pyquant.GGUFWeight(fmt, fw, shape=(n, k), layout="frag", scales=fs)
     with pytest.raises(pyquant.InvalidArgumentError, match=rf"frag-layout {fmt} weight does not shard"):
         f.shard("n", 1, 0)
+
+
+# ---------------------------------------------------------------- Q8_0 (the byte plane)
+
+def _raw8(rng, n, k):
+    """Q8_0 blocks of random bytes: every code byte, every fp16 d (NaN and inf included)."""
+    return rng.integers(0, 256, size=(n, k // 32 * q8_0.BLOCK_BYTES), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("n,k", AWKWARD)
+def test_q8_0_byte_plane_is_the_a_fragment_layout(rng, n, k):
+    """Byte b of word w of lane l = 4 g + t in tile (rb, kb) is A register p = 2 (w % 2) + b % 2
+    of k16 step w // 2, half b // 2: row g + 8 (p % 2), k 2 t + half + 8 (p // 2) of the step
+    (the PTX m16n8k16 A layout, as tests/test_int4_frag_layout.py states it for nibbles)."""
+    raw = _raw8(rng, n, k)
+    fw, fs = GF.repack("q8_0", raw)
+    blocks = raw.reshape(n, k // 32, q8_0.BLOCK_BYTES)
+    codes = blocks[..., 2:].reshape(n, k)
+    assert fw.shape == GF.plane_shapes("q8_0", n, k)["w"] == (-(-n // 16), -(-k // 128) * 4, 32, 4)
+    words = fw.view(np.uint32)
+    for rb, kb, lane, w in [(0, 0, 0, 0), (0, 0, 31, 3), (fw.shape[0] - 1, fw.shape[1] - 1, 13, 1),
+                            (0, min(3, fw.shape[1] - 1), 22, 2)]:
+        g, t = lane // 4, lane % 4
+        for b in range(4):
+            p, half = 2 * (w % 2) + b % 2, b // 2
+            row, kk = 16 * rb + g + 8 * (p % 2), 32 * kb + 16 * (w // 2) + 2 * t + half + 8 * (p // 2)
+            want = codes[row, kk] if row < n and kk < k else 0
+            assert (words[rb, kb, lane, w] >> (8 * b)) & 255 == want, (rb, kb, lane, w, b)
+    d_bits = np.ascontiguousarray(blocks[..., 0:2]).view("<u2")[..., 0]
+    np.testing.assert_array_equal(fs.view(np.uint16), FR.pack_scales(d_bits, k, 32))
+    row, kk = GF.byte_coords(n, k)
+    byte = (words[..., None] >> (np.arange(4, dtype=np.uint32) * 8)) & 255
+    assert not byte[(row >= n) | (kk >= k)].any(), "a padded code is not 0"
+
+
+@pytest.mark.parametrize("n,k", AWKWARD)
+def test_q8_0_round_trip_and_library_repack(rng, n, k, assert_bitwise_equal):
+    raw = _raw8(rng, n, k)
+    fw, fs = GF.repack("q8_0", raw)
+    np.testing.assert_array_equal(GF.unpack("q8_0", fw, fs, n, k), raw)
+    r = pyquant.from_gguf("q8_0", raw, shape=(n, k)).repack()
+    assert r.layout == "frag" and r.scales.dtype == np.float16
+    assert_bitwise_equal(np.asarray(r.raw).reshape(fw.shape), fw, f"q8_0 weights plane {n}x{k}")
+    assert_bitwise_equal(np.asarray(r.scales).reshape(fs.shape).view(np.uint16), fs.view(np.uint16),
+                         f"q8_0 scales plane {n}x{k}")
+    assert_bitwise_equal(np.asarray(r.repack("canonical").raw), raw, "q8_0 round trip through the library")
+    a = _lib.qg_gguf_repack_args(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG, format=_lib.Format.QG_FORMAT_Q8_0,
+                                 n=n, k=k)
+    nw, ns = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _lib.qg_gguf_repack_size(ctypes.byref(a), ctypes.byref(nw), ctypes.byref(ns))
+    assert (nw.value, ns.value) == (fw.nbytes, fs.nbytes)
+    assert fw.nbytes == 2 * 4 * np.prod(GF.plane_shapes("q4_0", n, k)["w"]), "the byte plane is twice the nibble plane"
+
+
+def test_q8_0_library_repack_reads_strided_rows(rng, assert_bitwise_equal):
+    n, k, ldw = 9, 160, 176
+    raw = _raw8(rng, n, k)
+    padded = np.zeros((n, ldw), np.uint8)
+    padded[:, :raw.shape[1]] = raw
+    r = pyquant.from_gguf("q8_0", padded[:, :raw.shape[1]], shape=(n, k)).repack()
+    fw, fs = GF.repack("q8_0", raw)
+    assert_bitwise_equal(np.asarray(r.raw).reshape(fw.shape), fw, f"weights plane, ldw = {ldw}")
+    assert_bitwise_equal(np.asarray(r.scales).reshape(fs.shape).view(np.uint16), fs.view(np.uint16), "scales plane")
+
+
+@pytest.mark.parametrize("x_dt", X_DTYPES, ids=["fp32", "fp16", "bf16"])
+def test_q8_0_cpu_tier_on_frag_is_the_block_result(rng, x_dt, assert_bitwise_equal):
+    n, k = 40, 224
+    raw = q8_0.random_blocks(rng, n, k, d_range=(2.0 ** -10, 2.0 ** -6))
+    w = pyquant.from_gguf("q8_0", raw, shape=(n, k)).with_bias(rng.standard_normal(n).astype(np.float32))
+    f = w.repack()
+    for m in (1, 3, 17):
+        x = rng.standard_normal((m, k)).astype(np.float32).astype(x_dt)
+        assert_bitwise_equal(pyquant.gemm(x, f), pyquant.gemm(x, w), f"q8_0 frag vs blocks m={m} x={np.dtype(x_dt)}")
+    assert_bitwise_equal(f.dequantize(), w.dequantize(), "dequantize frag vs blocks")
+
+
+def test_q8_0_frag_shard_is_the_repack_of_the_canonical_shard(rng, assert_bitwise_equal):
+    """As q4_0's: 16-row blocks and 128-k chunks (four 32-k byte tiles a chunk)."""
+    n, k = 40, 352
+    w = pyquant.from_gguf("q8_0", _raw8(rng, n, k), shape=(n, k))
+    f = w.repack()
+    for axis, parts in (("n", [16, 24]), ("k", [128, 224]), ("k", [256, 96])):
+        for i in range(len(parts)):
+            got, canon = f.shard(axis, parts, i), w.shard(axis, parts, i)
+            ref_w, ref_s = GF.repack("q8_0", np.asarray(canon.raw))
+            assert_bitwise_equal(np.asarray(got.raw).reshape(ref_w.shape), ref_w, f"{axis} {parts} part {i} w")
+            assert_bitwise_equal(np.asarray(got.scales).reshape(ref_s.shape).view(np.uint16), ref_s.view(np.uint16),
+                                 f"{axis} {parts} part {i} scales")
+    with pytest.raises(pyquant.InvalidArgumentError, match=r"frag-layout q8_0 weight must cut K at multiples of 128"):
+        f.shard("k", [96, 256], 0)

@@ -559,25 +559,27 @@ def test_gguf_gpu(rng, gpu_ctx, fmt, x_dt, n, poisoned_output, assert_close):
 def test_gguf_gpu_frag(rng, gpu_ctx, fmt, x_dt, n, poisoned_output):
     """The frag layout (qg_gguf_repack) on the W4A16 frag kernels: decode_frag (4), the
     prefill (5) and auto, at decode M, 16-row launches and prefill M with ragged tails.
-    q4_0: the decode's weights are exact (fp16 d times q - 8), the products exact in fp32 and
+    q4_0 and q8_0: the decode's weights are exact (fp16 d times q - 8 or q), the products exact in fp32 and
     each group's scale applied in fp32: bf16_tile.accumulation_bound against the exact product
     of the gguf reference weights (the decode_frag bound of check_w4a16); so is the prefill
     with fp16 x (its group sums). With bf16 x the prefill folds d into A (FOLD_F16: each weight
     rounded once to bf16, as the GGUF prefill tier does): bf16_tile.error_bound, which adds
-    the 2^-8 weight rounding.
+    the 2^-8 weight rounding; q8_0's prefill takes d * q in float32 rounded once to x's type
+    (FOLD_FP32, either x type): error_bound.
     q4_K: the decode sums q * x and x per group and applies d * sc and dmin * m in fp32, so its
     rounding scales with both terms (accumulation_bound with gguf_frag.decode_magnitudes);
     iq4_xs: the codebook values are exact, d * (ls - 32) applied to each group's fp32 sum (the
     q4_0 bound). The prefill of both (either x type) takes each gguf float32 weight rounded once
     to x's type (fp16's 2^-11 is inside bf16's 2^-8): error_bound.
-    N = 1 and 7 exercise the row padding to 16, q4_0's K = 224 the chunk padding to 128."""
+    N = 1 and 7 exercise the row padding to 16, q4_0's and q8_0's K = 224 the chunk padding to 128."""
     _need("gguf")
     spec = F.get(fmt)
-    k = 4096 if n == 4099 else 224 if fmt == "q4_0" else 512
+    k = 4096 if n == 4099 else 224 if spec.block_elems == 32 else 512
     raw = spec.module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
     w = pyquant.from_gguf(fmt, raw, shape=(n, k))
-    wd = w.to_device(gpu_ctx)
-    assert wd.layout == "frag", "to_device gives a GPU context the frag layout where the format has one"
+    auto = "frag" if fmt in gguf_frag.AUTO_FRAG else "canonical"
+    assert w.to_device(gpu_ctx).layout == auto, "to_device(auto) gives a GPU context the frag layout of AUTO_FRAG"
+    wd = w.to_device(gpu_ctx, layout="frag")
     w_deq = w.dequantize()
     terms = gguf_frag.decode_magnitudes(fmt, raw)
     for i, m in enumerate((1, 2, 3, 4, 5, 8, 16, 17, 64, 100)):
@@ -606,7 +608,7 @@ def test_gguf_gpu_frag_repack_matches_reference(rng, gpu_ctx, fmt):
     144-byte rows are 16-byte multiples already, so one shape has unpadded rows too)."""
     _need("gguf")
     spec = F.get(fmt)
-    shapes = ((1, 32), (7, 224), (40, 4096 + 32)) if fmt == "q4_0" else ((1, 256), (7, 768), (40, 4096 + 256))
+    shapes = ((1, 32), (7, 224), (40, 4096 + 32)) if spec.block_elems == 32 else ((1, 256), (7, 768), (40, 4096 + 256))
     for n, k in shapes:
         raw = rng.integers(0, 256, size=(n, k // spec.block_elems * spec.block_bytes), dtype=np.uint8)
         want_w, want_s = gguf_frag.repack(fmt, raw)  # every bit pattern: the repack moves bits

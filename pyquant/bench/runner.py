@@ -120,14 +120,15 @@ def _counted_nbytes(w) -> int:
     """w.nbytes as the bench counts a weight: its canonical arrays (bench/cases.py). A frag
     MXFP4 weight's planes hold each E8M0 scale as 2 bf16 bytes (4.5 instead of 4.25 bits per
     weight, docs/w4a16-layout.md "MXFP4"): the bench charges the format's 17 bytes per block,
-    so the GB/s of the GPU tiers are of the format, not of the layout they chose. Likewise a
-    frag q4_K or iq4_xs weight (their 6-bit fields as bytes: 4.625 bits per weight against the
-    blocks' 4.5 and 4.25, pyquant/formats/gguf_frag.py) is charged its blocks."""
+    so the GB/s of the GPU tiers are of the format, not of the layout they chose. Likewise every
+    frag GGUF weight is charged its blocks (q4_K's and iq4_xs's 6-bit fields are bytes there: 4.625
+    bits per weight against the blocks' 4.5 and 4.25; q4_0's and q8_0's planes hold the blocks'
+    bits, plus the padding of N to 16 and K to 128: pyquant/formats/gguf_frag.py)."""
     bias = 0 if getattr(w, "bias", None) is None else int(w.bias.nbytes)
     if getattr(w, "format", None) == "mxfp4" and w.layout == "frag":
         n, k = w.shape
         return n * (k // 32) * 17 + bias
-    if getattr(w, "format", None) in ("q4_K", "iq4_xs") and w.layout == "frag":
+    if getattr(w, "spec", None) is not None and w.spec.kind == "gguf" and w.layout == "frag":
         n, k = w.shape
         return n * (k // w.spec.block_elems) * w.spec.block_bytes + bias
     return w.nbytes

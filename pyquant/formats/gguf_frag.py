@@ -28,7 +28,22 @@ iq4_xs: its weight (d * (ls - 32)) * KVALUES_IQ4NL[q] (q a 4-bit index into the 
 (high byte 0), d as q4_K's d and 0 where q4_K's dmin is (4.625 bits a weight against the
 blocks' 4.25).
 
-(RB = Np/16, KT = Kp/64, KC = Kp/128.) The library's CPU repack (src/gguf_layout.cpp) and GPU
+q8_0: its weight d * q (q an int8 code, d fp16 per 32) keeps q4_0's scales plane (float16,
+each block's d) and takes a byte plane for the codes, twice the nibble plane's size:
+
+  w       int32 [RB, KB, 32, 4]        pack_bytes of the codes q [N, K] (int8, as uint8 bytes)
+
+KB = Kp/32: tile (rb, kb) is rows 16 rb.., k 32 kb.. (one q8_0 block a row, two k16 steps);
+lane l = 4 g + t holds 4 words, word w the A register pair of k16 step w // 2: byte b of word
+w is register p = 2 (w % 2) + b % 2 (a0..a3 of mma.m16n8k16), half h = b // 2, so
+
+  row = 16 rb + g + 8 (b % 2),   k = 32 kb + 16 (w // 2) + 2 t + b // 2 + 8 (w % 2)
+
+and `w & 0x00ff00ff` is register 2 (w % 2) with its two bytes in order, `(w >> 8) & 0x00ff00ff`
+the next (one shift a word, then the exponent-bias trick on bytes). 8.5 bits a weight, as the
+blocks. A 128-k chunk of a lane's row block is 4 of its 16-byte loads, load c holding group c.
+
+(RB = Np/16, KT = Kp/64, KC = Kp/128, KB = Kp/32.) The library's CPU repack (src/gguf_layout.cpp) and GPU
 repack (hip/w4a16_repack.hip) must produce these bytes; docs/gguf-layout.md, "The frag layout".
 """
 from __future__ import annotations
@@ -40,11 +55,17 @@ from . import int4_frag as _frag
 from . import iq4_xs as _iq4_xs
 from . import q4_0 as _q4_0
 from . import q4_k as _q4_k
+from . import q8_0 as _q8_0
 
-__all__ = ["FORMATS", "GROUP", "plane_shapes", "scales_dtype", "repack", "unpack", "split_superblocks",
-           "decode_magnitudes"]
+__all__ = ["FORMATS", "AUTO_FRAG", "GROUP", "plane_shapes", "scales_dtype", "repack", "unpack", "split_superblocks",
+           "decode_magnitudes", "byte_coords", "pack_bytes", "unpack_bytes"]
 
-FORMATS = ("q4_0", "q4_K", "iq4_xs")   # the GGUF formats with a frag layout
+FORMATS = ("q8_0", "q4_0", "q4_K", "iq4_xs")   # the GGUF formats with a frag layout
+# Those that GGUFWeight.to_device(layout="auto") repacks for a GPU context: the formats whose frag
+# kernels have run and passed their tests on a GPU. q8_0's (CODE_Q8_0, 2026-12-04) are compiled
+# and their layout tested on the CPU, but no GPU run has checked them yet: layout="frag" asks.
+AUTO_FRAG = ("q4_0", "q4_K", "iq4_xs")
+_SCALED = {"q4_0": _q4_0, "q8_0": _q8_0}       # d per 32 (the float16 scales plane)
 _SUPER = {"q4_K": _q4_k, "iq4_xs": _iq4_xs}  # those with the super-block part (q4_K's planes)
 GROUP = 32                   # one scale (q4_0) or record (q4_K) per 32 elements
 
@@ -55,9 +76,10 @@ def _check_format(fmt: str) -> None:
 
 
 def scales_dtype(fmt: str) -> np.dtype:
-    """The scales plane's dtype: float16 (q4_0's d) or uint16 (q4_K's and iq4_xs's integer records and fp16 bits)."""
+    """The scales plane's dtype: float16 (q4_0's and q8_0's d) or uint16 (q4_K's and iq4_xs's integer
+    records and fp16 bits)."""
     _check_format(fmt)
-    return np.dtype(np.float16 if fmt == "q4_0" else np.uint16)
+    return np.dtype(np.float16 if fmt in _SCALED else np.uint16)
 
 
 def _q4_k_sb_shape(n: int, k: int) -> tuple:
@@ -69,10 +91,49 @@ def plane_shapes(fmt: str, n: int, k: int) -> dict[str, tuple]:
     """Shapes of the two planes (int32 words; the scales plane in scales_dtype) of an [n, k] weight."""
     _check_format(fmt)
     shapes = _frag.plane_shapes(n, k, GROUP)
-    if fmt == "q4_0":
-        return {"w": shapes["qweight"], "scales": shapes["scales"]}
+    if fmt in _SCALED:
+        rb, kt = shapes["qweight"][:2]
+        w = (rb, 2 * kt, 32, 4) if fmt == "q8_0" else shapes["qweight"]
+        return {"w": w, "scales": shapes["scales"]}
     return {"w": shapes["qweight"],
             "scales": (int(np.prod(shapes["scales"])) + int(np.prod(_q4_k_sb_shape(n, k))),)}
+
+
+def byte_coords(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, k) of every byte of the q8_0 weights plane: two int64 arrays [RB, KB, 32, 4, 4]
+    (the last axis is the byte b of a word), per the formula above."""
+    np_, kp = _frag.padded_shape(n, k)
+    rb = np.arange(np_ // 16).reshape(-1, 1, 1, 1, 1)
+    kb = np.arange(kp // 32).reshape(1, -1, 1, 1, 1)
+    lane = np.arange(32).reshape(1, 1, -1, 1, 1)
+    w = np.arange(4).reshape(1, 1, 1, -1, 1)
+    b = np.arange(4).reshape(1, 1, 1, 1, -1)
+    g, t = lane // 4, lane % 4
+    row = 16 * rb + g + 8 * (b % 2) + 0 * (kb + w)
+    kk = 32 * kb + 16 * (w // 2) + 2 * t + b // 2 + 8 * (w % 2) + 0 * rb
+    return row, kk
+
+
+def pack_bytes(q: np.ndarray) -> np.ndarray:
+    """The q8_0 weights plane int32 [RB, KB, 32, 4] of the byte codes q [N, K] (any 8-bit
+    dtype, bits kept), padding 0."""
+    n, k = q.shape
+    np_, kp = _frag.padded_shape(n, k)
+    q_pad = np.zeros((np_, kp), np.uint32)
+    q_pad[:n, :k] = np.asarray(q).view(np.uint8)
+    row, kk = byte_coords(n, k)
+    words = np.bitwise_or.reduce(q_pad[row, kk] << (np.arange(4, dtype=np.uint32) * 8), axis=-1)
+    return words.astype(np.uint32).view(np.int32)
+
+
+def unpack_bytes(fw: np.ndarray, n: int, k: int) -> np.ndarray:
+    """Inverse of pack_bytes: the codes uint8 [N, K] (padding dropped)."""
+    np_, kp = _frag.padded_shape(n, k)
+    fw = np.asarray(fw).reshape(np_ // 16, kp // 32, 32, 4).view(np.uint32)
+    row, kk = byte_coords(n, k)
+    q = np.zeros((np_, kp), np.uint8)
+    q[row, kk] = (fw[..., None] >> (np.arange(4, dtype=np.uint32) * 8)) & np.uint32(255)
+    return q[:n, :k]
 
 
 def _fields(blocks: np.ndarray, off: int) -> np.ndarray:
@@ -100,11 +161,15 @@ def _records(fmt: str, blocks: np.ndarray) -> np.ndarray:
 def repack(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """.gguf blocks uint8 [N, row_bytes] -> (w int32 [RB, KT, 32, 4], the scales plane)."""
     _check_format(fmt)
-    if fmt == "q4_0":
-        blocks = gc.check_raw(raw, _q4_0.BLOCK_BYTES, _q4_0.NAME)
+    if fmt in _SCALED:
+        spec = _SCALED[fmt]
+        blocks = gc.check_raw(raw, spec.BLOCK_BYTES, spec.NAME)
         n, nb, _ = blocks.shape
-        codes = _q4_0.unpack_quants(blocks).reshape(n, nb * _q4_0.BLOCK_ELEMS)
-        return _frag.pack_nibbles(codes), _frag.pack_scales(_fields(blocks, 0), nb * _q4_0.BLOCK_ELEMS, GROUP).view(np.float16)
+        k = nb * spec.BLOCK_ELEMS
+        scales = _frag.pack_scales(_fields(blocks, 0), k, GROUP).view(np.float16)
+        if fmt == "q8_0":
+            return pack_bytes(np.ascontiguousarray(blocks[..., 2:]).reshape(n, k)), scales
+        return _frag.pack_nibbles(_q4_0.unpack_quants(blocks).reshape(n, k)), scales
     spec = _SUPER[fmt]
     blocks = gc.check_raw(raw, spec.BLOCK_BYTES, spec.NAME)
     n, nb, _ = blocks.shape
@@ -130,18 +195,21 @@ def split_superblocks(scales: np.ndarray, n: int, k: int):
 def unpack(fmt: str, w: np.ndarray, scales: np.ndarray, n: int, k: int) -> np.ndarray:
     """Inverse of repack: the .gguf blocks uint8 [N, row_bytes]."""
     _check_format(fmt)
-    spec = _SUPER.get(fmt, _q4_0)
+    spec = _SUPER.get(fmt) or _SCALED[fmt]
     if k % spec.BLOCK_ELEMS:
         raise ValueError(f"k={k} is not a multiple of the {spec.BLOCK_ELEMS}-element {fmt} block")
     nb = k // spec.BLOCK_ELEMS
-    codes = _frag.unpack_nibbles(w, n, k)
     out = np.empty((n, nb, spec.BLOCK_BYTES), np.uint8)
-    if fmt == "q4_0":
-        codes = codes.reshape(n, nb, GROUP)
+    if fmt in _SCALED:
         d = _frag.unpack_scales(np.asarray(scales).view("<u2"), n, k, GROUP)
         out[..., 0:2] = np.ascontiguousarray(d).view(np.uint8).reshape(n, nb, 2)
-        out[..., 2:] = codes[..., :16] | (codes[..., 16:] << 4)
+        if fmt == "q8_0":
+            out[..., 2:] = unpack_bytes(w, n, k).reshape(n, nb, GROUP)
+        else:
+            codes = _frag.unpack_nibbles(w, n, k).reshape(n, nb, GROUP)
+            out[..., 2:] = codes[..., :16] | (codes[..., 16:] << 4)
         return out.reshape(n, -1)
+    codes = _frag.unpack_nibbles(w, n, k)
     rec, d, second = split_superblocks(scales, n, k)
     out[..., 0:2] = d.view(np.uint8).reshape(n, nb, 2)
     if fmt == "q4_K":
@@ -157,15 +225,15 @@ def unpack(fmt: str, w: np.ndarray, scales: np.ndarray, n: int, k: int) -> np.nd
 
 
 def decode_magnitudes(fmt: str, raw: np.ndarray) -> np.ndarray:
-    """float64 [N, K]: per weight, the magnitude of the terms the frag decode sums. q4_0: |w|
-    (its weights d * (q - 8) are exact). q4_K: |d sc q| + |dmin m|: the decode multiplies the
+    """float64 [N, K]: per weight, the magnitude of the terms the frag decode sums. q4_0, q8_0:
+    |w| (their weights d * (q - 8), d * q are exact). q4_K: |d sc q| + |dmin m|: the decode multiplies the
     group's sum of q * x by d * sc and the group's sum of x by dmin * m and subtracts (one mma
     against a ones fragment gives the x sums), so its float32 rounding scales with both terms,
     not with their difference (bf16_tile.accumulation_bound's `terms`). iq4_xs: |w| (the
     codebook values are exact, d * (ls - 32) applied to the group's float32 sum)."""
     _check_format(fmt)
-    if fmt in ("q4_0", "iq4_xs"):
-        return np.abs((_q4_0 if fmt == "q4_0" else _iq4_xs).dequantize(raw).astype(np.float64))
+    if fmt in ("q8_0", "q4_0", "iq4_xs"):
+        return np.abs({"q8_0": _q8_0, "q4_0": _q4_0, "iq4_xs": _iq4_xs}[fmt].dequantize(raw).astype(np.float64))
     blocks = gc.check_raw(raw, _q4_k.BLOCK_BYTES, _q4_k.NAME)
     n, nb, _ = blocks.shape
     d = gc.f16_field(blocks, 0).astype(np.float64)[..., None, None]

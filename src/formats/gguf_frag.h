@@ -16,6 +16,13 @@
 // (K % 256 == 0, so KC is even and no chunk straddles a super-block). 4.625 bits a weight
 // against the blocks' 4.5: the 6-bit scales unpacked to bytes. Nothing is rounded.
 //
+// Q8_0: its weight d * q (q: an int8 code, d: fp16 per 32) keeps Q4_0's scales plane (each
+// block's d) and has a byte plane for the codes, twice the nibble plane's size:
+//   w  uint32 [RB][KB = Kp / 32][32 lanes][4 words]   tile (rb, kb) = rows 16 rb.., k 32 kb..
+// byte b of word w of lane 4 g + t: row g + 8 (b % 2), k 16 (w / 2) + 2 t + b / 2 + 8 (w % 2) of
+// the tile (byte_row, byte_k): word w is the A register pair 2 (w % 2), + 1 of k16 step w / 2,
+// bytes 0, 2 the first register's halves, 1, 3 the second's. 8.5 bits a weight, as the blocks.
+//
 // IQ4_XS: its weight (d * (ls - 32)) * kvalues[q] (q: a 4-bit index into the IQ4_NL codebook,
 // ls: 6-bit per 32, d: fp16 per 256) takes Q4_K's planes: the indices as the codes, ls as the
 // record (high byte 0), d where Q4_K's d is and 0 for dmin. 4.625 bits a weight against the
@@ -30,9 +37,12 @@
 namespace qg {
 namespace gguf_frag {
 
-constexpr int kGroup = 32;         // one scale (record) per 32 elements in both formats
+constexpr int kGroup = 32;         // one scale (record) per 32 elements in every format
 constexpr int kQ4_0Bytes = 18;     // fp16 d, then qs[16]
 constexpr int kQ4_0Codes = 2;      // byte offset of qs
+constexpr int kQ8_0Bytes = 34;     // fp16 d, then qs[32] (int8)
+constexpr int kQ8_0Codes = 2;
+constexpr int kByteTileK = 32;     // k of a Q8_0 weights tile (16 bytes a lane: two k16 steps)
 constexpr int kQ4_KElems = 256;    // a Q4_K super-block
 constexpr int kQ4_KBytes = 144;    // fp16 d, fp16 dmin, scales[12], qs[128]
 constexpr int kQ4_KScales = 4;
@@ -91,9 +101,33 @@ QG_FRAG_HD inline int64_t q4_K_sb_index(const frag::Geometry& geo, int64_t rb, i
     return (((rb * (geo.k_chunks / 2) + sb) * 8 + g) * 2 + f) * 2 + h;
 }
 
-// The formats with a frag layout, and the bytes of a format's scales plane (geo of G = 32).
+// Q8_0's byte plane: the row and k (in the 32-k tile) of byte b of word w of `lane`, and the
+// inverse: the index of q[n][k]'s word in the plane (k_tiles = Kp / 64) and *shift its bit.
+QG_FRAG_HD inline int byte_row(int lane, int b) { return (lane >> 2) + 8 * (b & 1); }
+QG_FRAG_HD inline int byte_k(int lane, int w, int b) { return 16 * (w >> 1) + 2 * (lane & 3) + (b >> 1) + 8 * (w & 1); }
+QG_FRAG_HD inline int64_t byte_word_index(int64_t k_tiles, int64_t n, int64_t k, int* shift) {
+    const int r = static_cast<int>(n % frag::kRowBlock), kk = static_cast<int>(k % kByteTileK);
+    const int c = kk % 16;
+    const int lane = 4 * (r % 8) + (c % 8) / 2, w = 2 * (kk / 16) + (c >= 8 ? 1 : 0);
+    *shift = 8 * ((r >= 8 ? 1 : 0) + 2 * (c % 2));
+    return (((n / frag::kRowBlock) * (2 * k_tiles) + k / kByteTileK) * frag::kLanes + lane) * frag::kWordsPerLane + w;
+}
+
+// The formats with a frag layout, the bits of their codes, and the bytes of a format's planes
+// (geo of G = 32).
 QG_FRAG_HD inline bool has_frag_layout(int format) {
-    return format == QG_FORMAT_Q4_0 || format == QG_FORMAT_Q4_K || format == QG_FORMAT_IQ4_XS;
+    return format == QG_FORMAT_Q8_0 || format == QG_FORMAT_Q4_0 || format == QG_FORMAT_Q4_K ||
+           format == QG_FORMAT_IQ4_XS;
+}
+QG_FRAG_HD inline int code_bits(int format) { return format == QG_FORMAT_Q8_0 ? 8 : 4; }
+QG_FRAG_HD inline int64_t weights_plane_bytes(int format, const frag::Geometry& geo) {
+    return geo.qweight_bytes() * (code_bits(format) / 4);
+}
+// Where q[n][k]'s code sits in the weights plane: its word, and *shift its bit (the nibble
+// plane's frag::q_word_index, or the byte plane's).
+QG_FRAG_HD inline int64_t code_word_index(int format, const frag::Geometry& geo, int64_t n, int64_t k, int* shift) {
+    return code_bits(format) == 8 ? byte_word_index(geo.k_tiles, n, k, shift)
+                                  : frag::q_word_index(geo.k_tiles, n, k, shift);
 }
 // Formats whose scales plane has the super-block part (Q4_K's planes).
 QG_FRAG_HD inline bool has_superblocks(int format) { return format == QG_FORMAT_Q4_K || format == QG_FORMAT_IQ4_XS; }
@@ -107,16 +141,26 @@ QG_FRAG_HD inline int64_t scales_plane_bytes(int format, const frag::Geometry& g
 // fp16 fields (Q4_K: d, dmin; IQ4_XS: d, none) are.
 struct FragFormat {
     int format, bytes, elems;
+    uint32_t code_mask;  // 15, or 255 for Q8_0's bytes
     QG_FRAG_HD explicit FragFormat(int f)
         : format(f),
-          bytes(f == QG_FORMAT_Q4_K ? kQ4_KBytes : f == QG_FORMAT_IQ4_XS ? kIQ4_XSBytes : kQ4_0Bytes),
-          elems(f == QG_FORMAT_Q4_0 ? kGroup : kQ4_KElems) {}
-    // Where the block keeps element e's 4-bit code: the byte offset, and *shift its nibble.
+          bytes(f == QG_FORMAT_Q4_K    ? kQ4_KBytes
+                : f == QG_FORMAT_IQ4_XS ? kIQ4_XSBytes
+                : f == QG_FORMAT_Q8_0   ? kQ8_0Bytes
+                                        : kQ4_0Bytes),
+          elems(f == QG_FORMAT_Q4_0 || f == QG_FORMAT_Q8_0 ? kGroup : kQ4_KElems),
+          code_mask(f == QG_FORMAT_Q8_0 ? 255u : 15u) {}
+    // Where the block keeps element e's code: the byte offset, and *shift its bits.
+    //   Q8_0: qs[e], the whole byte;
     //   Q4_0: qs[e] low nibble for e < 16, qs[e - 16] high nibble above;
     //   Q4_K: sub-blocks 2p and 2p + 1 are the low and high nibbles of qs[32 p .. 32 p + 31];
     //   IQ4_XS: sub-block j owns qs[16 j .. 16 j + 15], element i < 16 of it the low nibble of
     //           qs[16 j + i], i + 16 its high nibble.
     QG_FRAG_HD int code_byte(int e, int* shift) const {
+        if (format == QG_FORMAT_Q8_0) {
+            *shift = 0;
+            return kQ8_0Codes + e;
+        }
         if (format == QG_FORMAT_Q4_K) {
             *shift = 4 * ((e >> 5) & 1);
             return kQ4_KCodes + 32 * (e >> 6) + (e & 31);
@@ -127,9 +171,9 @@ struct FragFormat {
     QG_FRAG_HD uint32_t code(const uint8_t* block, int e) const {
         int shift = 0;
         const int b = code_byte(e, &shift);
-        return (static_cast<uint32_t>(block[b]) >> shift) & 15u;
+        return (static_cast<uint32_t>(block[b]) >> shift) & code_mask;
     }
-    // the 16 bits of sub-block j (0..elems/32-1): Q4_0's d, Q4_K's sc | m << 8, IQ4_XS's ls
+    // the 16 bits of sub-block j (0..elems/32-1): Q4_0's and Q8_0's d, Q4_K's sc | m << 8, IQ4_XS's ls
     QG_FRAG_HD uint16_t record(const uint8_t* block, int j) const {
         return format == QG_FORMAT_Q4_K    ? q4_K_record(block, j)
                : format == QG_FORMAT_IQ4_XS ? iq4_xs_record(block, j)

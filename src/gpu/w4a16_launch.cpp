@@ -306,11 +306,7 @@ qg_status frag_launch::decode(const qg_context* ctx, const Args& a, int code, qg
     return launch_by_16_rows(
         a, p, plan.mt, plan.blocks, FRAG_THREADS,
         [&](int mt) { return decode_frag_kernel(x_type, mt, a.group_size, asym, code); },
-        [&](int mt) { return frag_smem(mt, a.group_size); }, stream,
-        code == CODE_E2M1       ? "mxfp4 decode_frag"
-        : code == CODE_Q4_K     ? "gguf q4_K decode_frag"
-        : code == CODE_IQ4_XS   ? "gguf iq4_xs decode_frag"
-                                : "w4a16 decode_frag");
+        [&](int mt) { return frag_smem(mt, a.group_size); }, stream, frag_launch::kernel_name(code, false));
 }
 
 namespace {
@@ -333,8 +329,8 @@ const Tier<Args> gpu_w4a16_decode_frag_tier = {QG_GPU_RUNTIME_NAME ":decode_frag
 qg_status frag_launch::repack(const RepackParams& p, qg_stream stream) {
     const frag::Geometry geo(p.n, p.k, p.group_size);
     const hipStream_t s = static_cast<hipStream_t>(stream);
-    repack_frag_weights<<<static_cast<unsigned>(ceil_div(geo.qweight_bytes() / 4, REPACK_THREADS)), REPACK_THREADS, 0,
-                          s>>>(p);
+    const int64_t w_bytes = p.gguf != nullptr ? gguf_frag::weights_plane_bytes(p.gguf_format, geo) : geo.qweight_bytes();
+    repack_frag_weights<<<static_cast<unsigned>(ceil_div(w_bytes / 4, REPACK_THREADS)), REPACK_THREADS, 0, s>>>(p);
     qg_status st = gpu_check_launch("frag repack (weights)");
     if (st != QG_OK) return st;
     repack_frag_scales<<<static_cast<unsigned>(ceil_div(geo.qzeros_bytes(), REPACK_THREADS)), REPACK_THREADS, 0, s>>>(p);

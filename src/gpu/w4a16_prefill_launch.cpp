@@ -181,10 +181,7 @@ int plan_launches(const qg_context* ctx, const Args& a, int code, Launch (&out)[
 
 qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& pl, int code, qg_stream stream) {
 #if defined(QG_HAVE_TENSOR_MAPS)
-    const char* what = code == CODE_E2M1   ? "mxfp4 prefill_wgmma"
-                       : code == CODE_Q4_K ? "gguf q4_K prefill_wgmma"
-                       : code == CODE_IQ4_XS ? "gguf iq4_xs prefill_wgmma"
-                                           : "w4a16 prefill_wgmma";
+    const char* what = frag_launch::kernel_name(code, true);
     const frag::Geometry geo(a.n, a.k, a.group_size);
     const int bn = pl.bn;
     const void* kernel = kernel_of(a, bn, code, pl.stream_k);
@@ -223,7 +220,7 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
                  "smem %d",
                  what, static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k),
                  a.group_size, frag_launch::code_name(code, a.qzeros != nullptr),
-                 has_superblocks(code) ? " (weights in float32, rounded once into A)" : pl.fold ? " (scale folded into A)" : "", bn, static_cast<long long>(pl.tiles),
+                 float32_weights(code) ? " (weights in float32, rounded once into A)" : pl.fold ? " (scale folded into A)" : "", bn, static_cast<long long>(pl.tiles),
                  static_cast<long long>(pl.row_tiles), static_cast<long long>(pl.token_tiles),
                  pl.stream_k ? "stream-K over blocks:" : "a block a tile, blocks:",
                  static_cast<long long>(pl.stream_k ? pl.grid : pl.tiles), smem);
