@@ -89,7 +89,10 @@ struct UnitAddr {
 // GGUF Q4_K codes / IQ4_XS codebook indices with G = 32: their group records and super-block
 // words), or GGUF Q8_0's bytes (G = 32, fp16 d: the W4A16 group close).
 template <int XT, int MT, int G, bool ASYM, int CODE>
-__global__ void __launch_bounds__(FRAG_THREADS, 2) decode_frag(const FragParams p) {
+// Two blocks an SM, except Q8_0's: its four tile loads a row block and unit need 250 registers
+// (ptxas), which two blocks an SM cut to 128 with 92-104 bytes spilled; one block an SM keeps
+// them and measured 0.84-0.98x the time on the H200 at M = 1..16 (bench/NOTES.md, 2026-12-04).
+__global__ void __launch_bounds__(FRAG_THREADS, CODE == CODE_Q8_0 ? 1 : 2) decode_frag(const FragParams p) {
 #if defined(QG_HAS_MMA_SYNC)
     typedef FragStage<MT> St;
     constexpr int GC = 128 / G;

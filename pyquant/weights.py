@@ -645,10 +645,9 @@ class GGUFWeight(_TwoLayouts):
     def to_device(self, ctx: Context | None = None, layout: str = "auto", stream=None,
                   row_align: int | None = 16):
         """The same weight in `ctx` (default_context()). layout="auto" gives a GPU context the
-        frag layout for q4_0, q4_K and iq4_xs (gguf_frag.AUTO_FRAG: repacked there, on `stream`: what
-        the GPU decode and prefill kernels read) and keeps the layout otherwise; "canonical" or
-        "frag" asks for one (q8_0 has a frag layout too, not yet chosen by auto: its frag kernels
-        have not run on a GPU). A canonical weight's rows start `row_align` bytes after the previous one
+        frag layout for q8_0, q4_0, q4_K and iq4_xs (gguf_frag.AUTO_FRAG: repacked there, on
+        `stream`: what the GPU decode and prefill kernels read) and keeps the layout otherwise;
+        "canonical" or "frag" asks for one. A canonical weight's rows start `row_align` bytes after the previous one
         (blocks unchanged; the zero padding is never read), so that the GPU decode tier copies
         rows with 16-byte loads: raw Q6_K and IQ3_XXS rows are otherwise only 2-byte aligned
         (docs/gguf-layout.md). The cost is one host-side copy and at most row_align - 1 bytes

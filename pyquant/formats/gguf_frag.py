@@ -62,9 +62,8 @@ __all__ = ["FORMATS", "AUTO_FRAG", "GROUP", "plane_shapes", "scales_dtype", "rep
 
 FORMATS = ("q8_0", "q4_0", "q4_K", "iq4_xs")   # the GGUF formats with a frag layout
 # Those that GGUFWeight.to_device(layout="auto") repacks for a GPU context: the formats whose frag
-# kernels have run and passed their tests on a GPU. q8_0's (CODE_Q8_0, 2026-12-04) are compiled
-# and their layout tested on the CPU, but no GPU run has checked them yet: layout="frag" asks.
-AUTO_FRAG = ("q4_0", "q4_K", "iq4_xs")
+# kernels have run and passed their tests on a GPU (q8_0's since 2026-12-04: the H200).
+AUTO_FRAG = ("q4_0", "q8_0", "q4_K", "iq4_xs")
 _SCALED = {"q4_0": _q4_0, "q8_0": _q8_0}       # d per 32 (the float16 scales plane)
 _SUPER = {"q4_K": _q4_k, "iq4_xs": _iq4_xs}  # those with the super-block part (q4_K's planes)
 GROUP = 32                   # one scale (q4_0) or record (q4_K) per 32 elements
