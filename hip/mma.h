@@ -217,6 +217,17 @@ __device__ __forceinline__ SuperGroup superblock_group(uint32_t rec, uint2 dm) {
     }
     return q;
 }
+// Q6_K's 16-element group `half` (0, 1) of a record (row g's sc[2j] | sc[2j + 1] << 8 low, row
+// g + 8's high): s = d * sc (the int8 scale; exact in float32: 11 x 8 bits), b = 0.
+__device__ __forceinline__ SuperGroup q6_group(uint32_t rec, uint2 dm, int half) {
+    const float d_lo = __half2float(__ushort_as_half(static_cast<unsigned short>(dm.x & 0xffffu)));
+    const float d_hi = __half2float(__ushort_as_half(static_cast<unsigned short>(dm.x >> 16)));
+    SuperGroup q;
+    q.s_lo = d_lo * static_cast<float>(static_cast<int8_t>((rec >> (8 * half)) & 0xffu));
+    q.s_hi = d_hi * static_cast<float>(static_cast<int8_t>((rec >> (16 + 8 * half)) & 0xffu));
+    q.b_lo = q.b_hi = 0.0f;
+    return q;
+}
 // Q8_0's (and Q4_0's) group in the same terms: s = the fp16 d of the scale word, b = 0.
 __device__ __forceinline__ SuperGroup scale_group(uint32_t word) {
     SuperGroup q;

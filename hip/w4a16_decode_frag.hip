@@ -41,14 +41,14 @@ __device__ __forceinline__ int frag_owner(int64_t u, int64_t units, int64_t bloc
 }
 
 // One unit of a lane: its two row blocks' fragment tiles (w[r][j]: row block r, 64-k tile j
-// of the chunk; CODE_Q8_0's byte plane: 32-k tile j, WT = 4), scale words (GC groups each) and
+// of the chunk; the byte plane of CODE_Q8_0 and CODE_Q6_K: 32-k tile j, WT = 4), scale words (GC groups each) and
 // zero bytes.
 template <int GC, int WT>
 struct UnitRegs {
     uint4 w[FRAG_RB_PER_WARP][WT];
     uint32_t s[FRAG_RB_PER_WARP][GC];
     uint32_t z[FRAG_RB_PER_WARP];
-    uint2 dm[FRAG_RB_PER_WARP];  // CODE_Q4_K / IQ4_XS: the super-block words (d; dmin)
+    uint2 dm[FRAG_RB_PER_WARP];  // CODE_Q4_K / IQ4_XS / Q6_K: the super-block words (d; dmin)
 };
 
 template <int GC>
@@ -87,18 +87,19 @@ struct UnitAddr {
 // argument: every group index below is a compile-time constant). ASYM: zero-points given.
 // CODE: what a nibble codes (WeightCode: W4A16 integers, MXFP4 E2M1 values with G = 32, or
 // GGUF Q4_K codes / IQ4_XS codebook indices with G = 32: their group records and super-block
-// words), or GGUF Q8_0's bytes (G = 32, fp16 d: the W4A16 group close).
+// words), or GGUF Q8_0's bytes (G = 32, fp16 d: the W4A16 group close), or GGUF Q6_K's bytes
+// (G = 32 records of two 16-element groups: a group closes every k16 step).
 template <int XT, int MT, int G, bool ASYM, int CODE>
-// Two blocks an SM, except Q8_0's: its four tile loads a row block and unit need 250 registers
+// Two blocks an SM, except for the byte plane's codes (Q8_0, Q6_K): Q8_0's four tile loads a row block and unit need 250 registers
 // (ptxas), which two blocks an SM cut to 128 with 92-104 bytes spilled; one block an SM keeps
 // them and measured 0.84-0.98x the time on the H200 at M = 1..16 (bench/NOTES.md, 2026-12-04).
-__global__ void __launch_bounds__(FRAG_THREADS, CODE == CODE_Q8_0 ? 1 : 2) decode_frag(const FragParams p) {
+__global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? 1 : 2) decode_frag(const FragParams p) {
 #if defined(QG_HAS_MMA_SYNC)
     typedef FragStage<MT> St;
     constexpr int GC = 128 / G;
     constexpr int WT = chunk_loads(CODE);        // 16-byte weight loads a row block and unit
     constexpr int KS = 8;                        // k16 steps per unit
-    constexpr int STEPS_PER_GROUP = G / 16;      // 2, 4, 8
+    constexpr int STEPS_PER_GROUP = CODE == CODE_Q6_K ? 1 : G / 16;  // 2, 4, 8 (Q6_K: 1)
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned last_block;
 
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, CODE == CODE_Q8_0 ? 1 : 2) decod
         ZeroPairs zp[FRAG_RB_PER_WARP];
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
-            const int c = ks / STEPS_PER_GROUP;  // group inside the chunk (compile-time)
+            const int c = ks / (G / 16);  // group (scale word) inside the chunk (compile-time)
             if ((CODE == CODE_INT4 || CODE == CODE_Q4_K) && ks % STEPS_PER_GROUP == 0) {
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, CODE == CODE_Q8_0 ? 1 : 2) decod
 #pragma unroll
             for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
                 uint32_t a[4];
-                if constexpr (CODE == CODE_Q8_0) {  // step ks: words 2 (ks % 2), + 1 of 32-k tile ks / 2
+                if constexpr (byte_codes(CODE)) {  // step ks: words 2 (ks % 2), + 1 of 32-k tile ks / 2
                     const uint4 wt = d.w[r][ks / 2];
                     q8_word<XT>(ks % 2 ? wt.z : wt.x, a[0], a[1]);
                     q8_word<XT>(ks % 2 ? wt.w : wt.y, a[2], a[3]);
@@ -270,10 +271,12 @@ __global__ void __launch_bounds__(FRAG_THREADS, CODE == CODE_Q8_0 ? 1 : 2) decod
                 }
             }
             if (has_superblocks(CODE) && (ks + 1) % STEPS_PER_GROUP == 0) {
-                // the group closes: acc += s * sum(value x) - b * sum(x) (superblock_group; IQ4_XS: b = 0)
+                // the group closes: acc += s * sum(value x) - b * sum(x) (superblock_group; IQ4_XS,
+                // Q6_K: b = 0; Q6_K's 16-element group: half ks % 2 of the record)
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
-                    const SuperGroup q = superblock_group<CODE == CODE_Q4_K>(d.s[r][c], d.dm[r]);
+                    const SuperGroup q = CODE == CODE_Q6_K ? q6_group(d.s[r][c], d.dm[r], ks % 2)
+                                                           : superblock_group<CODE == CODE_Q4_K>(d.s[r][c], d.dm[r]);
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -448,6 +451,11 @@ const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, in
     if (code == CODE_Q8_0 && x_type == XT && mt == MT && group_size == 32 && !asym)         \
         return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_Q8_0>);
     QG_Q8_0_FRAG_KERNELS(QG_CASE)
+#undef QG_CASE
+#define QG_CASE(XT, MT)                                                                      \
+    if (code == CODE_Q6_K && x_type == XT && mt == MT && group_size == 32 && !asym)         \
+        return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_Q6_K>);
+    QG_Q6_K_FRAG_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;
 }

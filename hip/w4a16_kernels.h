@@ -25,13 +25,19 @@ namespace w4a16 {
 // or a GGUF IQ4_XS codebook index (the weight is (d * (ls - 32)) * kvalues[q], G = 32: the
 // records hold ls, `superblocks` d), or a GGUF Q8_0 byte (not a nibble: the int8 q of weight
 // d * q, G = 32, the scale words Q4_0's fp16 d; its weights plane is the byte plane of
-// src/formats/gguf_frag.h, twice the nibble plane). The frag kernels serve all five; the
-// code-to-A-register step and the group's epilogue differ.
-enum WeightCode { CODE_INT4 = 0, CODE_E2M1 = 1, CODE_Q4_K = 2, CODE_IQ4_XS = 3, CODE_Q8_0 = 4 };
+// src/formats/gguf_frag.h, twice the nibble plane), or a GGUF Q6_K byte (q - 32 of weight
+// (d * sc) * (q - 32): Q8_0's byte plane with Q4_K's records, two int8 scales sc of 16
+// elements each, and super-block words d; its groups are 16 elements). The frag kernels serve
+// all six; the code-to-A-register step and the group's epilogue differ.
+enum WeightCode { CODE_INT4 = 0, CODE_E2M1 = 1, CODE_Q4_K = 2, CODE_IQ4_XS = 3, CODE_Q8_0 = 4, CODE_Q6_K = 5 };
 // The codes whose scale words are records with super-block words (src/formats/gguf_frag.h).
-__host__ __device__ constexpr bool has_superblocks(int code) { return code == CODE_Q4_K || code == CODE_IQ4_XS; }
+__host__ __device__ constexpr bool has_superblocks(int code) {
+    return code == CODE_Q4_K || code == CODE_IQ4_XS || code == CODE_Q6_K;
+}
+// The codes of the byte plane (int8 codes, two k16 steps a 16-byte load).
+__host__ __device__ constexpr bool byte_codes(int code) { return code == CODE_Q8_0 || code == CODE_Q6_K; }
 // 16-byte weight loads a lane makes per row block and 128-k chunk: 2 of nibbles, 4 of bytes.
-__host__ __device__ constexpr int chunk_loads(int code) { return code == CODE_Q8_0 ? 4 : 2; }
+__host__ __device__ constexpr int chunk_loads(int code) { return byte_codes(code) ? 4 : 2; }
 // The codes whose prefill computes each weight in float32 as the gguf package does and rounds it
 // once to x's type (FOLD_FP32 below).
 __host__ __device__ constexpr bool float32_weights(int code) { return has_superblocks(code) || code == CODE_Q8_0; }
@@ -126,7 +132,7 @@ struct FragParams {
     int y_type;              // ELEM_F16, ELEM_BF16 or ELEM_F32
     int max_contributors;    // most thread blocks sharing one row tile
     BiasRef bias;            // [N], added to each output once (after the split sum)
-    const uint2* superblocks;  // CODE_Q4_K / IQ4_XS: [RB][KC/2][8 g] (d[g] | d[g+8] << 16, dmin or 0 the same), fp16 bits
+    const uint2* superblocks;  // CODE_Q4_K / IQ4_XS / Q6_K: [RB][KC/2][8 g] (d[g] | d[g+8] << 16, dmin or 0 the same), fp16 bits
 };
 
 // Thread block: 8 warps, each owning 2 row blocks (32 weight rows): 256 rows per block.
@@ -167,6 +173,7 @@ const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, in
 #define QG_Q4_K_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
 #define QG_IQ4_XS_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
 #define QG_Q8_0_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
+#define QG_Q6_K_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
 
 // ---------------------------------------------------------------- prefill_wgmma (frag, sm_90a)
 // Thread block: 2 warpgroups (8 warps); warp w owns row block w of the block's 128 weight
@@ -227,9 +234,10 @@ struct PrefillSmem {
 // (q - z) * lo, exact, and one fused multiply-add (q - z) * hi + that: the same single
 // rounding of the exact product, two instructions a register instead of one. fp16 x keeps the
 // fp32 group scale (FOLD_NONE: 15 s can overflow fp16 where fp32 does not). GGUF Q4_K and
-// IQ4_XS and Q8_0 (FOLD_FP32, either x type) compute each weight as the gguf package does in
+// IQ4_XS, Q8_0 and Q6_K (FOLD_FP32, either x type) compute each weight as the gguf package does in
 // float32, (d * sc) * q - dmin * m (the product exact, so one fused multiply-add rounds as its
-// multiply and subtract do), (d * (ls - 32)) * kvalues[q] or d * q (exact: 11 x 8 bits), rounded
+// multiply and subtract do), (d * (ls - 32)) * kvalues[q], d * q (exact: 11 x 8 bits) or
+// (d * sc) * (q - 32) (exact: 11 x 8 x 6 bits), rounded
 // once to x's type (bf16, or fp16, which overflows to inf only past 65504). Q8_0 cannot take
 // FOLD_F16: q * lo has 8 + 3 significant bits, more than bf16's 8. The launcher's plan and the kernel list below both
 // ask prefill_fold.
@@ -272,6 +280,7 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
     X(ELEM_F16, 64) X(ELEM_F16, 128) X(ELEM_F16, 256) X(ELEM_BF16, 64) X(ELEM_BF16, 128) X(ELEM_BF16, 256)
 #define QG_IQ4_XS_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
 #define QG_Q8_0_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
+#define QG_Q6_K_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
 #endif
 
 // ---------------------------------------------------------------- repack (canonical -> frag)
@@ -289,7 +298,7 @@ struct RepackParams {
                               // interleaved gate / up rows: 2); 0 or 1: dense (W4A16: always)
     const uint8_t* gguf;      // GGUF blocks of a frag format (qweight and scales unused), N rows of
     int64_t ldw;              // stride ldw bytes, read by src/formats/gguf_frag.h; else nullptr
-    int gguf_format;          // QG_FORMAT_Q8_0, Q4_0, Q4_K or IQ4_XS (Q8_0: the byte plane)
+    int gguf_format;          // QG_FORMAT_Q8_0, Q4_0, Q4_K, IQ4_XS or Q6_K (Q8_0, Q6_K: the byte plane)
 };
 constexpr int REPACK_THREADS = 256;
 __global__ void repack_frag_weights(const RepackParams p);   // one thread per output word

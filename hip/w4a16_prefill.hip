@@ -55,14 +55,14 @@ namespace w4a16 {
 #if defined(QG_HAS_WGMMA)
 namespace {
 
-// One 128-k chunk of a lane's row block: two frag tiles (CODE_Q8_0's byte plane: four 32-k
-// tiles, WT = chunk_loads), GC scale words, GC zero bytes.
+// One 128-k chunk of a lane's row block: two frag tiles (the byte plane of CODE_Q8_0 and
+// CODE_Q6_K: four 32-k tiles, WT = chunk_loads), GC scale words, GC zero bytes.
 template <int GC, int WT>
 struct Chunk {
     uint4 w[WT];
     uint32_t s[GC];
     uint32_t z;
-    uint2 dm;  // CODE_Q4_K / IQ4_XS: the super-block words (d; dmin)
+    uint2 dm;  // CODE_Q4_K / IQ4_XS / Q6_K: the super-block words (d; dmin)
 };
 
 template <int GC, bool ASYM, int CODE>
@@ -196,27 +196,29 @@ __device__ __forceinline__ uint32_t pack_x2(float lo, float hi) {
     }
 }
 
-// FOLD_FP32 (CODE_Q4_K, CODE_IQ4_XS, CODE_Q8_0): the A registers of half h's four k16 steps,
+// FOLD_FP32 (CODE_Q4_K, CODE_IQ4_XS, CODE_Q8_0, CODE_Q6_K): the A registers of half h's four k16 steps,
 // each weight s * value - b in float32 as the gguf package computes it (superblock_group: Q4_K's
 // (d * sc) * q - dmin * m, where the product is exact so one fused multiply-add rounds as its
 // multiply and subtract do; IQ4_XS's (d * (ls - 32)) * kvalues[q], b = 0: the fma is the
-// multiply; scale_group: Q8_0's d * q, b = 0) rounded once to x's type. Step j is in group
-// 2h + j / 2; register p of a step is row g (p even) or g + 8 (odd), its values made exact fp16
-// pairs (the W4A16 dequant with z = 0 of the nibbles at bits 4p and 16 + 4p, Marlin's two pairs
-// a shift; iq4_word's codebook lookup; q8_word on words 2 (j % 2), + 1 of 32-k tile 2h + j / 2)
-// and widened to float32 (HADD2.F32).
+// multiply; scale_group: Q8_0's d * q, b = 0; q6_group: Q6_K's (d * sc) * (q - 32), b = 0, sc of
+// the 16-element half j % 2) rounded once to x's type. Step j is in group 2h + j / 2; register p
+// of a step is row g (p even) or g + 8 (odd), its values made exact fp16 pairs (the W4A16
+// dequant with z = 0 of the nibbles at bits 4p and 16 + 4p, Marlin's two pairs a shift;
+// iq4_word's codebook lookup; q8_word on words 2 (j % 2), + 1 of 32-k tile 2h + j / 2) and
+// widened to float32 (HADD2.F32).
 template <int XT, int CODE, int GC>
 __device__ __forceinline__ void float32_tile(uint32_t (&a)[4][4], const Chunk<GC, chunk_loads(CODE)>& c, int h) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        const SuperGroup q = CODE == CODE_Q8_0 ? scale_group(c.s[2 * h + half])
-                                               : superblock_group<CODE == CODE_Q4_K>(c.s[2 * h + half], c.dm);
-        const float s[2] = {q.s_lo, q.s_hi}, nb[2] = {-q.b_lo, -q.b_hi};
+        const SuperGroup q32 = CODE == CODE_Q8_0 ? scale_group(c.s[2 * h + half])
+                                                 : superblock_group<CODE == CODE_Q4_K>(c.s[2 * h + half], c.dm);
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             const int j = 2 * half + jj;
+            const SuperGroup q = CODE == CODE_Q6_K ? q6_group(c.s[2 * h + half], c.dm, jj) : q32;
+            const float s[2] = {q.s_lo, q.s_hi}, nb[2] = {-q.b_lo, -q.b_hi};
             uint32_t v[4];  // the values as fp16 pairs, exact
-            if constexpr (CODE == CODE_Q8_0) {
+            if constexpr (byte_codes(CODE)) {
                 const uint4 t = c.w[2 * h + half];
                 q8_word<ELEM_F16>(jj ? t.z : t.x, v[0], v[1]);
                 q8_word<ELEM_F16>(jj ? t.w : t.y, v[2], v[3]);
@@ -609,6 +611,12 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
         return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q8_0, FOLD_FP32, true>) \
                         : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q8_0, FOLD_FP32, false>);
     QG_Q8_0_PREFILL_KERNELS(QG_CASE)
+#undef QG_CASE
+#define QG_CASE(XT, BN)                                                                                     \
+    if (code == CODE_Q6_K && x_type == XT && bn == BN && group_size == 32 && !asym)                         \
+        return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q6_K, FOLD_FP32, true>) \
+                        : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q6_K, FOLD_FP32, false>);
+    QG_Q6_K_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;
 }

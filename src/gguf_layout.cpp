@@ -1,4 +1,4 @@
-// GGUF weight layouts on the host: the CPU repack of Q8_0, Q4_0, Q4_K and IQ4_XS blocks into the frag layout
+// GGUF weight layouts on the host: the CPU repack of Q8_0, Q4_0, Q4_K, IQ4_XS and Q6_K blocks into the frag layout
 // (qg_gguf_repack on a CPU context) and its inverse, which lets the CPU tier serve a
 // frag-layout call. The frag planes are the W4A16 ones of G = 32 (src/formats/gguf_frag.h);
 // pyquant/formats/gguf_frag.py is the specification the tests hold both directions to, byte
@@ -87,10 +87,7 @@ qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a) 
     uint8_t* out = blocks.get();
     const uint32_t* in_q = static_cast<const uint32_t*>(a->w);
     for_each_code(a->format, geo, [&](int64_t word, int shift, int64_t n, int64_t k) {
-        const int e = static_cast<int>(k % ff.elems);
-        int nib = 0;
-        uint8_t* code = out + n * ldw + (k / ff.elems) * ff.bytes + ff.code_byte(e, &nib);
-        *code = static_cast<uint8_t>(*code | (((in_q[word] >> shift) & ff.code_mask) << nib));
+        ff.put_code(out + n * ldw + (k / ff.elems) * ff.bytes, static_cast<int>(k % ff.elems), in_q[word] >> shift);
     });
     const uint16_t* in_s = static_cast<const uint16_t*>(a->w_scales);
     for_each_scale(geo, [&](int64_t i, int64_t n, int64_t grp, bool real) {
@@ -106,6 +103,11 @@ qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a) 
             uint8_t* block = out + n * ldw + sb * ff.bytes;
             uint16_t r[8];
             for (int j = 0; j < 8; ++j) r[j] = rec[n * (a->k / kGroup) + sb * 8 + j];
+            if (a->format == QG_FORMAT_Q6_K) {  // the scales bytes as they were, then d
+                for (int j = 0; j < 8; ++j) gguf_frag::put_f16_at(block, gguf_frag::kQ6_KScales + 2 * j, r[j]);
+                gguf_frag::put_f16_at(block, gguf_frag::kQ6_KD, in_s[i]);
+                return;
+            }
             gguf_frag::put_f16_at(block, 0, in_s[i]);
             if (a->format == QG_FORMAT_Q4_K) {
                 gguf_frag::put_f16_at(block, 2, in_s[i + 2]);

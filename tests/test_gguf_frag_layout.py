@@ -35,6 +35,7 @@ from pyquant.formats import int4_frag as FR
 from pyquant.formats import iq4_xs
 from pyquant.formats import q4_0
 from pyquant.formats import q4_k
+from pyquant.formats import q6_k
 from pyquant.formats import q8_0
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -131,10 +132,10 @@ def test_cpu_tier_on_frag_is_the_block_result(rng, x_dt, bias, assert_bitwise_eq
 
 
 def test_formats_without_a_frag_layout_are_refused(rng):
-    raw = pyquant.formats.get("q6_K").module.random_blocks(rng, 16, 256)
-    w = pyquant.from_gguf("q6_K", raw, shape=(16, 256))
+    raw = pyquant.formats.get("iq3_xxs").module.random_blocks(rng, 16, 256)
+    w = pyquant.from_gguf("iq3_xxs", raw, shape=(16, 256))
     with pytest.raises(pyquant.InvalidArgumentError,
-                       match=r"format 'q6_K' has no frag layout yet \(q8_0, q4_0, q4_K, iq4_xs only\)"):
+                       match=r"format 'iq3_xxs' has no frag layout yet \(q8_0, q4_0, q4_K, iq4_xs, q6_K only\)"):
         w.repack()
     assert w.to_device(pyquant.Context("cpu")).layout == "canonical"
     with pytest.raises(pyquant.InvalidArgumentError, match="no frag layout"):
@@ -182,7 +183,7 @@ def test_repack_size_is_the_plane_size():
     (dict(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_BLOCKS),
      r"layout=QG_GGUF_LAYOUT_BLOCKS: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG \(1\) only"),
     (dict(layout=7), r"layout=7: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG"),
-    (dict(format=_lib.Format.QG_FORMAT_Q6_K), r"format=Q6_K has no frag layout yet"),
+    (dict(format=_lib.Format.QG_FORMAT_IQ3_XXS, k=256), r"format=IQ3_XXS has no frag layout yet"),
     (dict(format=_lib.Format.QG_FORMAT_INT4), r"is not a GGUF block format"),
     (dict(k=100), r"k=100 is not a multiple of the Q4_0 block \(32 elements\)"),
     (dict(n=0), r"n=0 must be positive"),
@@ -225,7 +226,7 @@ def test_gemm_refuses_a_bad_layout_and_misaligned_planes(rng, poisoned_output):
         _lib.qg_gguf_gemm(pyquant.cpu_context().handle, ctypes.byref(a), None)
 
     for over, pattern in ((dict(layout=3), r"layout=3 is not a qg_gguf_layout value"),
-                          (dict(format=_lib.Format.QG_FORMAT_Q6_K, k=256), r"format=Q6_K has no frag layout yet"),
+                          (dict(format=_lib.Format.QG_FORMAT_IQ3_XXS, k=256), r"format=IQ3_XXS has no frag layout yet"),
                           (dict(w=planes.ctypes.data + 8), r"w=0x[0-9a-f]+ is not aligned to 16 bytes"),
                           (dict(w_scales=planes.ctypes.data + fw.nbytes + 2), r"w_scales=0x[0-9a-f]+ is not aligned"),
                           (dict(w_scales=None), r"w_scales is NULL")):
@@ -261,10 +262,10 @@ def test_frag_shard_is_the_repack_of_the_canonical_shard(rng, assert_bitwise_equ
         f.shard("k", [96, 256], 0)
 
 
-# ---------------------------------------------------------------- Q4_K and IQ4_XS (super-block planes)
+# ---------------------------------------------------------------- Q4_K, IQ4_XS and Q6_K (super-block planes)
 
 K_AWKWARD = [(40, 256), (1, 512), (16, 256), (7, 4096 + 256)]
-SUPER = {"q4_K": q4_k, "iq4_xs": iq4_xs}
+SUPER = {"q4_K": q4_k, "iq4_xs": iq4_xs, "q6_K": q6_k}
 
 
 def _raw_k(rng, n, k, fmt="q4_K"):
@@ -275,14 +276,27 @@ def _raw_k(rng, n, k, fmt="q4_K"):
 
 def _definition(fmt, blocks):
     """(records [N, nb * 8] uint16, fields [N, nb, 2] uint16) from their definition: q4_K's
-    sc | m << 8 and (d, dmin); iq4_xs's ls and (d, 0)."""
+    sc | m << 8 and (d, dmin); iq4_xs's ls and (d, 0); q6_K's int8 scales of sub-blocks 2j and
+    2j + 1 as the low and high byte, and (d, 0)."""
     n, nb = blocks.shape[:2]
     if fmt == "q4_K":
         sc, m = q4_k.unpack_scales_mins(blocks)
         return (sc.astype(np.uint16) | (m.astype(np.uint16) << 8)).reshape(n, -1), blocks[..., 0:4].copy().view("<u2")
     fields = np.zeros((n, nb, 2), np.uint16)
+    if fmt == "q6_K":
+        sc = blocks[..., 192:208].astype(np.uint16)
+        fields[..., 0] = blocks[..., 208:210].copy().view("<u2")[..., 0]
+        return (sc[..., 0::2] | (sc[..., 1::2] << 8)).reshape(n, -1), fields
     fields[..., 0] = blocks[..., 0:2].copy().view("<u2")[..., 0]
     return iq4_xs.unpack_scales(blocks).astype(np.uint16).reshape(n, -1), fields
+
+
+def _codes_plane(fmt, blocks, n, k):
+    """The weights plane from its definition: the 4-bit codes' nibble plane, or q6_K's q - 32
+    (int8) in the byte plane."""
+    if fmt == "q6_K":
+        return GF.pack_bytes((q6_k.unpack_quants(blocks).reshape(n, k).astype(np.int16) - 32).astype(np.int8))
+    return FR.pack_nibbles(SUPER[fmt].unpack_quants(blocks).reshape(n, k))
 
 
 @pytest.mark.parametrize("fmt", list(SUPER))
@@ -291,7 +305,7 @@ def test_superblock_planes_are_their_definition(rng, fmt, n, k):
     raw = _raw_k(rng, n, k, fmt)
     fw, fs = GF.repack(fmt, raw)
     blocks = raw.reshape(n, k // 256, SUPER[fmt].BLOCK_BYTES)
-    np.testing.assert_array_equal(fw, FR.pack_nibbles(SUPER[fmt].unpack_quants(blocks).reshape(n, k)))
+    np.testing.assert_array_equal(fw, _codes_plane(fmt, blocks, n, k))
     assert fs.dtype == np.uint16 and fs.shape == GF.plane_shapes(fmt, n, k)["scales"]
     rec, fields = _definition(fmt, blocks)
     nrec = int(np.prod(FR.plane_shapes(n, k, 32)["scales"]))

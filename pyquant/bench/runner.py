@@ -122,8 +122,9 @@ def _counted_nbytes(w) -> int:
     weight, docs/w4a16-layout.md "MXFP4"): the bench charges the format's 17 bytes per block,
     so the GB/s of the GPU tiers are of the format, not of the layout they chose. Likewise every
     frag GGUF weight is charged its blocks (q4_K's and iq4_xs's 6-bit fields are bytes there: 4.625
-    bits per weight against the blocks' 4.5 and 4.25; q4_0's and q8_0's planes hold the blocks'
-    bits, plus the padding of N to 16 and K to 128: pyquant/formats/gguf_frag.py)."""
+    bits per weight against the blocks' 4.5 and 4.25; q6_K's codes are bytes: 8.625 bits against
+    6.5625; q4_0's and q8_0's planes hold the blocks' bits, plus the padding of N to 16 and K to
+    128: pyquant/formats/gguf_frag.py)."""
     bias = 0 if getattr(w, "bias", None) is None else int(w.bias.nbytes)
     if getattr(w, "format", None) == "mxfp4" and w.layout == "frag":
         n, k = w.shape

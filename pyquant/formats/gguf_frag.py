@@ -43,6 +43,13 @@ and `w & 0x00ff00ff` is register 2 (w % 2) with its two bytes in order, `(w >> 8
 the next (one shift a word, then the exponent-bias trick on bytes). 8.5 bits a weight, as the
 blocks. A 128-k chunk of a lane's row block is 4 of its 16-byte loads, load c holding group c.
 
+q6_K: its weight (d * sc) * (q - 32) (q a 6-bit code, sc an int8 scale per 16 elements, d fp16
+per 256) takes q8_0's byte plane for the codes less 32 (int8 -32..31, as uint8 bytes) and q4_K's
+scales plane: the record of 32 elements j holds the int8 scales of its two halves, sc[2j] (low
+byte) | sc[2j + 1] << 8 (their bits), d where q4_K's d is and 0 for dmin. 8.625 bits a weight
+against the blocks' 6.5625: the 6-bit codes widened to bytes, so that the kernels read them as
+q8_0's (docs/gguf-layout.md says what a tighter plane would cost).
+
 (RB = Np/16, KT = Kp/64, KC = Kp/128, KB = Kp/32.) The library's CPU repack (src/gguf_layout.cpp) and GPU
 repack (hip/w4a16_repack.hip) must produce these bytes; docs/gguf-layout.md, "The frag layout".
 """
@@ -55,17 +62,19 @@ from . import int4_frag as _frag
 from . import iq4_xs as _iq4_xs
 from . import q4_0 as _q4_0
 from . import q4_k as _q4_k
+from . import q6_k as _q6_k
 from . import q8_0 as _q8_0
 
 __all__ = ["FORMATS", "AUTO_FRAG", "GROUP", "plane_shapes", "scales_dtype", "repack", "unpack", "split_superblocks",
            "decode_magnitudes", "byte_coords", "pack_bytes", "unpack_bytes"]
 
-FORMATS = ("q8_0", "q4_0", "q4_K", "iq4_xs")   # the GGUF formats with a frag layout
+FORMATS = ("q8_0", "q4_0", "q4_K", "iq4_xs", "q6_K")   # the GGUF formats with a frag layout
 # Those that GGUFWeight.to_device(layout="auto") repacks for a GPU context: the formats whose frag
-# kernels have run and passed their tests on a GPU (q8_0's since 2026-12-04: the H200).
-AUTO_FRAG = ("q4_0", "q8_0", "q4_K", "iq4_xs")
+# kernels have run and passed their tests on a GPU (q8_0's and q6_K's since 2026-12-04: the H200).
+AUTO_FRAG = ("q4_0", "q8_0", "q4_K", "iq4_xs", "q6_K")
 _SCALED = {"q4_0": _q4_0, "q8_0": _q8_0}       # d per 32 (the float16 scales plane)
-_SUPER = {"q4_K": _q4_k, "iq4_xs": _iq4_xs}  # those with the super-block part (q4_K's planes)
+_SUPER = {"q4_K": _q4_k, "iq4_xs": _iq4_xs, "q6_K": _q6_k}  # those with the super-block part (q4_K's planes)
+BYTE_PLANE = ("q8_0", "q6_K")  # the formats whose codes are a byte plane (pack_bytes)
 GROUP = 32                   # one scale (q4_0) or record (q4_K) per 32 elements
 
 
@@ -75,8 +84,8 @@ def _check_format(fmt: str) -> None:
 
 
 def scales_dtype(fmt: str) -> np.dtype:
-    """The scales plane's dtype: float16 (q4_0's and q8_0's d) or uint16 (q4_K's and iq4_xs's integer
-    records and fp16 bits)."""
+    """The scales plane's dtype: float16 (q4_0's and q8_0's d) or uint16 (q4_K's, iq4_xs's and q6_K's
+    integer records and fp16 bits)."""
     _check_format(fmt)
     return np.dtype(np.float16 if fmt in _SCALED else np.uint16)
 
@@ -90,16 +99,15 @@ def plane_shapes(fmt: str, n: int, k: int) -> dict[str, tuple]:
     """Shapes of the two planes (int32 words; the scales plane in scales_dtype) of an [n, k] weight."""
     _check_format(fmt)
     shapes = _frag.plane_shapes(n, k, GROUP)
+    rb, kt = shapes["qweight"][:2]
+    w = (rb, 2 * kt, 32, 4) if fmt in BYTE_PLANE else shapes["qweight"]
     if fmt in _SCALED:
-        rb, kt = shapes["qweight"][:2]
-        w = (rb, 2 * kt, 32, 4) if fmt == "q8_0" else shapes["qweight"]
         return {"w": w, "scales": shapes["scales"]}
-    return {"w": shapes["qweight"],
-            "scales": (int(np.prod(shapes["scales"])) + int(np.prod(_q4_k_sb_shape(n, k))),)}
+    return {"w": w, "scales": (int(np.prod(shapes["scales"])) + int(np.prod(_q4_k_sb_shape(n, k))),)}
 
 
 def byte_coords(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row, k) of every byte of the q8_0 weights plane: two int64 arrays [RB, KB, 32, 4, 4]
+    """(row, k) of every byte of a byte plane (q8_0, q6_K): two int64 arrays [RB, KB, 32, 4, 4]
     (the last axis is the byte b of a word), per the formula above."""
     np_, kp = _frag.padded_shape(n, k)
     rb = np.arange(np_ // 16).reshape(-1, 1, 1, 1, 1)
@@ -114,7 +122,7 @@ def byte_coords(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pack_bytes(q: np.ndarray) -> np.ndarray:
-    """The q8_0 weights plane int32 [RB, KB, 32, 4] of the byte codes q [N, K] (any 8-bit
+    """The byte plane (q8_0's, q6_K's) int32 [RB, KB, 32, 4] of the byte codes q [N, K] (any 8-bit
     dtype, bits kept), padding 0."""
     n, k = q.shape
     np_, kp = _frag.padded_shape(n, k)
@@ -133,6 +141,15 @@ def unpack_bytes(fw: np.ndarray, n: int, k: int) -> np.ndarray:
     q = np.zeros((np_, kp), np.uint8)
     q[row, kk] = (fw[..., None] >> (np.arange(4, dtype=np.uint32) * 8)) & np.uint32(255)
     return q[:n, :k]
+
+
+_Q6_SC, _Q6_D = 192, 208  # q6_K's scales[16] and d
+
+
+def _q6_k_codes(blocks: np.ndarray) -> np.ndarray:
+    """q6_K blocks [N, nb, 210] -> the byte codes q - 32 [N, nb * 256] (int8 -32..31 as uint8)."""
+    n = blocks.shape[0]
+    return (_q6_k.unpack_quants(blocks).astype(np.int16) - 32).astype(np.int8).view(np.uint8).reshape(n, -1)
 
 
 def _fields(blocks: np.ndarray, off: int) -> np.ndarray:
@@ -154,6 +171,8 @@ def _records(fmt: str, blocks: np.ndarray) -> np.ndarray:
     if fmt == "q4_K":
         sc, m = _q4_k.unpack_scales_mins(blocks)
         return sc.astype(np.uint16) | (m.astype(np.uint16) << 8)
+    if fmt == "q6_K":  # the int8 scales of sub-blocks 2j, 2j + 1 as bytes
+        return np.ascontiguousarray(blocks[..., _Q6_SC:_Q6_D]).view("<u2")
     return _iq4_xs.unpack_scales(blocks).astype(np.uint16)
 
 
@@ -173,16 +192,18 @@ def repack(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     blocks = gc.check_raw(raw, spec.BLOCK_BYTES, spec.NAME)
     n, nb, _ = blocks.shape
     k = nb * spec.BLOCK_ELEMS
-    codes = spec.unpack_quants(blocks).reshape(n, k)
     records = _frag.pack_scales(_records(fmt, blocks).reshape(n, nb * 8), k, GROUP)
     dmin = _fields(blocks, 2) if fmt == "q4_K" else np.zeros((n, nb), np.uint16)
-    sb = _q4_k_sb_pack(_fields(blocks, 0), dmin, n, k)
-    return _frag.pack_nibbles(codes), np.concatenate([records.reshape(-1), sb.reshape(-1)])
+    sb = _q4_k_sb_pack(_fields(blocks, _Q6_D if fmt == "q6_K" else 0), dmin, n, k)
+    scales = np.concatenate([records.reshape(-1), sb.reshape(-1)])
+    if fmt == "q6_K":
+        return pack_bytes(_q6_k_codes(blocks)), scales
+    return _frag.pack_nibbles(spec.unpack_quants(blocks).reshape(n, k)), scales
 
 
 def split_superblocks(scales: np.ndarray, n: int, k: int):
-    """A q4_K / iq4_xs scales plane -> (records [N, K/32] uint16, d [N, K/256] uint16 bits,
-    second field [N, K/256] uint16 bits: q4_K's dmin, iq4_xs's 0), padding dropped."""
+    """A q4_K / iq4_xs / q6_K scales plane -> (records [N, K/32] uint16, d [N, K/256] uint16 bits,
+    second field [N, K/256] uint16 bits: q4_K's dmin, iq4_xs's and q6_K's 0), padding dropped."""
     flat = np.asarray(scales).reshape(-1).view(np.uint16)
     nrec = int(np.prod(_frag.plane_shapes(n, k, GROUP)["scales"]))
     rec = _frag.unpack_scales(flat[:nrec], n, k, GROUP)
@@ -208,8 +229,14 @@ def unpack(fmt: str, w: np.ndarray, scales: np.ndarray, n: int, k: int) -> np.nd
             codes = _frag.unpack_nibbles(w, n, k).reshape(n, nb, GROUP)
             out[..., 2:] = codes[..., :16] | (codes[..., 16:] << 4)
         return out.reshape(n, -1)
-    codes = _frag.unpack_nibbles(w, n, k)
     rec, d, second = split_superblocks(scales, n, k)
+    if fmt == "q6_K":
+        q = (unpack_bytes(w, n, k).view(np.int8).astype(np.int16) + 32).astype(np.uint8)
+        out[..., :_Q6_SC] = _q6_k.pack_quants(q.reshape(n, nb, 256))
+        out[..., _Q6_SC:_Q6_D] = np.ascontiguousarray(rec).view(np.uint8).reshape(n, nb, 16)
+        out[..., _Q6_D:] = d.view(np.uint8).reshape(n, nb, 2)
+        return out.reshape(n, -1)
+    codes = _frag.unpack_nibbles(w, n, k)
     out[..., 0:2] = d.view(np.uint8).reshape(n, nb, 2)
     if fmt == "q4_K":
         out[..., 2:4] = second.view(np.uint8).reshape(n, nb, 2)
@@ -228,11 +255,12 @@ def decode_magnitudes(fmt: str, raw: np.ndarray) -> np.ndarray:
     |w| (their weights d * (q - 8), d * q are exact). q4_K: |d sc q| + |dmin m|: the decode multiplies the
     group's sum of q * x by d * sc and the group's sum of x by dmin * m and subtracts (one mma
     against a ones fragment gives the x sums), so its float32 rounding scales with both terms,
-    not with their difference (bf16_tile.accumulation_bound's `terms`). iq4_xs: |w| (the
-    codebook values are exact, d * (ls - 32) applied to the group's float32 sum)."""
+    not with their difference (bf16_tile.accumulation_bound's `terms`). iq4_xs, q6_K: |w| (the
+    codebook values and q - 32 are exact, d * (ls - 32) or d * sc applied to a group's float32 sum)."""
     _check_format(fmt)
-    if fmt in ("q8_0", "q4_0", "iq4_xs"):
-        return np.abs({"q8_0": _q8_0, "q4_0": _q4_0, "iq4_xs": _iq4_xs}[fmt].dequantize(raw).astype(np.float64))
+    if fmt in ("q8_0", "q4_0", "iq4_xs", "q6_K"):
+        spec = {"q8_0": _q8_0, "q4_0": _q4_0, "iq4_xs": _iq4_xs, "q6_K": _q6_k}[fmt]
+        return np.abs(spec.dequantize(raw).astype(np.float64))
     blocks = gc.check_raw(raw, _q4_k.BLOCK_BYTES, _q4_k.NAME)
     n, nb, _ = blocks.shape
     d = gc.f16_field(blocks, 0).astype(np.float64)[..., None, None]

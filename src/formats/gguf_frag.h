@@ -27,6 +27,12 @@
 // ls: 6-bit per 32, d: fp16 per 256) takes Q4_K's planes: the indices as the codes, ls as the
 // record (high byte 0), d where Q4_K's d is and 0 for dmin. 4.625 bits a weight against the
 // blocks' 4.25 (the same planes for both formats; a tighter IQ4_XS plane is left for later).
+//
+// Q6_K: its weight (d * sc) * (q - 32) (q: a 6-bit code, sc: an int8 scale per 16 elements, d:
+// fp16 per 256) takes Q8_0's byte plane for the codes less 32 (int8 -32..31) and Q4_K's scales
+// plane: the record of sub-block pair j holds sc[2j] | sc[2j + 1] << 8 (their bytes), d where
+// Q4_K's d is and 0 for dmin. 8.625 bits a weight against the blocks' 6.5625 (the codes widened
+// to bytes: the kernels read them as Q8_0's). Nothing is rounded.
 #pragma once
 
 #include <stdint.h>
@@ -49,6 +55,10 @@ constexpr int kQ4_KScales = 4;
 constexpr int kQ4_KCodes = 16;
 constexpr int kIQ4_XSBytes = 136;  // fp16 d, scales_h (uint16), scales_l[4], qs[128]
 constexpr int kIQ4_XSCodes = 8;
+constexpr int kQ6_KBytes = 210;    // ql[128], qh[64], scales[16] (int8), fp16 d
+constexpr int kQ6_KHigh = 128;     // byte offset of qh
+constexpr int kQ6_KScales = 192;
+constexpr int kQ6_KD = 208;
 
 // The fp16 bits at byte `off` of a block (little-endian; rows are 2-byte aligned): Q4_0's d
 // at 0, Q4_K's d at 0 and dmin at 2; and the inverse.
@@ -94,7 +104,23 @@ QG_FRAG_HD inline void iq4_xs_pack_records(const uint16_t (&rec)[8], uint8_t* bl
     for (int j = 0; j < 4; ++j) block[4 + j] = static_cast<uint8_t>((rec[2 * j] & 15u) | ((rec[2 * j + 1] & 15u) << 4));
 }
 
-// Q4_K's (and IQ4_XS's) super-block part of the scales plane: its byte offset (the records before it) and
+// Q6_K's 6-bit code of element e (0..255) of a block: the low nibble in ql, the high two bits in
+// qh (ggml's block_q6_K: e = 128 h + 32 j + l keeps its nibble in ql[64 h + 32 (j & 1) + l] at
+// bit 4 (j >> 1), its high bits in qh[32 h + l] at bit 2 j); and the inverse, ORed into a zeroed
+// block.
+QG_FRAG_HD inline uint32_t q6_K_code(const uint8_t* block, int e) {
+    const int h = e >> 7, j = (e >> 5) & 3, l = e & 31;
+    const uint32_t lo = (block[64 * h + 32 * (j & 1) + l] >> (4 * (j >> 1))) & 15u;
+    const uint32_t hi = (block[kQ6_KHigh + 32 * h + l] >> (2 * j)) & 3u;
+    return lo | (hi << 4);
+}
+QG_FRAG_HD inline void q6_K_put_code(uint8_t* block, int e, uint32_t q) {
+    const int h = e >> 7, j = (e >> 5) & 3, l = e & 31;
+    block[64 * h + 32 * (j & 1) + l] |= static_cast<uint8_t>((q & 15u) << (4 * (j >> 1)));
+    block[kQ6_KHigh + 32 * h + l] |= static_cast<uint8_t>(((q >> 4) & 3u) << (2 * j));
+}
+
+// Q4_K's (and IQ4_XS's, Q6_K's) super-block part of the scales plane: its byte offset (the records before it) and
 // the index (in uint16) of the d (f = 0) or dmin (f = 1) of (rb, super-block sb, g, h).
 QG_FRAG_HD inline int64_t q4_K_sb_offset(const frag::Geometry& geo) { return geo.scales_bytes(); }
 QG_FRAG_HD inline int64_t q4_K_sb_index(const frag::Geometry& geo, int64_t rb, int64_t sb, int g, int f, int h) {
@@ -117,9 +143,9 @@ QG_FRAG_HD inline int64_t byte_word_index(int64_t k_tiles, int64_t n, int64_t k,
 // (geo of G = 32).
 QG_FRAG_HD inline bool has_frag_layout(int format) {
     return format == QG_FORMAT_Q8_0 || format == QG_FORMAT_Q4_0 || format == QG_FORMAT_Q4_K ||
-           format == QG_FORMAT_IQ4_XS;
+           format == QG_FORMAT_IQ4_XS || format == QG_FORMAT_Q6_K;
 }
-QG_FRAG_HD inline int code_bits(int format) { return format == QG_FORMAT_Q8_0 ? 8 : 4; }
+QG_FRAG_HD inline int code_bits(int format) { return format == QG_FORMAT_Q8_0 || format == QG_FORMAT_Q6_K ? 8 : 4; }
 QG_FRAG_HD inline int64_t weights_plane_bytes(int format, const frag::Geometry& geo) {
     return geo.qweight_bytes() * (code_bits(format) / 4);
 }
@@ -130,7 +156,9 @@ QG_FRAG_HD inline int64_t code_word_index(int format, const frag::Geometry& geo,
                                   : frag::q_word_index(geo.k_tiles, n, k, shift);
 }
 // Formats whose scales plane has the super-block part (Q4_K's planes).
-QG_FRAG_HD inline bool has_superblocks(int format) { return format == QG_FORMAT_Q4_K || format == QG_FORMAT_IQ4_XS; }
+QG_FRAG_HD inline bool has_superblocks(int format) {
+    return format == QG_FORMAT_Q4_K || format == QG_FORMAT_IQ4_XS || format == QG_FORMAT_Q6_K;
+}
 QG_FRAG_HD inline int64_t scales_plane_bytes(int format, const frag::Geometry& geo) {
     return has_superblocks(format) ? geo.scales_bytes() + geo.row_blocks * (geo.k_chunks / 2) * 8 * 2 * 2 * 2
                                    : geo.scales_bytes();
@@ -138,24 +166,26 @@ QG_FRAG_HD inline int64_t scales_plane_bytes(int format, const frag::Geometry& g
 
 // One GGUF block format with a frag layout, as the repacks see it: its block, and where an
 // element's code, a sub-block's record (the scale plane's 16 bits) and the super-block's two
-// fp16 fields (Q4_K: d, dmin; IQ4_XS: d, none) are.
+// fp16 fields (Q4_K: d, dmin; IQ4_XS, Q6_K: d, none) are.
 struct FragFormat {
     int format, bytes, elems;
-    uint32_t code_mask;  // 15, or 255 for Q8_0's bytes
+    uint32_t code_mask;  // 15, or 255 for the byte plane's codes (Q8_0, Q6_K)
     QG_FRAG_HD explicit FragFormat(int f)
         : format(f),
           bytes(f == QG_FORMAT_Q4_K    ? kQ4_KBytes
                 : f == QG_FORMAT_IQ4_XS ? kIQ4_XSBytes
                 : f == QG_FORMAT_Q8_0   ? kQ8_0Bytes
+                : f == QG_FORMAT_Q6_K   ? kQ6_KBytes
                                         : kQ4_0Bytes),
           elems(f == QG_FORMAT_Q4_0 || f == QG_FORMAT_Q8_0 ? kGroup : kQ4_KElems),
-          code_mask(f == QG_FORMAT_Q8_0 ? 255u : 15u) {}
+          code_mask(code_bits(f) == 8 ? 255u : 15u) {}
     // Where the block keeps element e's code: the byte offset, and *shift its bits.
     //   Q8_0: qs[e], the whole byte;
     //   Q4_0: qs[e] low nibble for e < 16, qs[e - 16] high nibble above;
     //   Q4_K: sub-blocks 2p and 2p + 1 are the low and high nibbles of qs[32 p .. 32 p + 31];
     //   IQ4_XS: sub-block j owns qs[16 j .. 16 j + 15], element i < 16 of it the low nibble of
     //           qs[16 j + i], i + 16 its high nibble.
+    // (Q6_K's codes are split between two bytes: q6_K_code, q6_K_put_code.)
     QG_FRAG_HD int code_byte(int e, int* shift) const {
         if (format == QG_FORMAT_Q8_0) {
             *shift = 0;
@@ -168,19 +198,32 @@ struct FragFormat {
         *shift = (e & 16) ? 4 : 0;
         return format == QG_FORMAT_IQ4_XS ? kIQ4_XSCodes + 16 * (e >> 5) + (e & 15) : kQ4_0Codes + (e & 15);
     }
+    // The plane's code of element e: the block's code, Q6_K's less 32 (an int8 byte).
     QG_FRAG_HD uint32_t code(const uint8_t* block, int e) const {
+        if (format == QG_FORMAT_Q6_K) return (q6_K_code(block, e) - 32u) & 255u;
         int shift = 0;
         const int b = code_byte(e, &shift);
         return (static_cast<uint32_t>(block[b]) >> shift) & code_mask;
     }
-    // the 16 bits of sub-block j (0..elems/32-1): Q4_0's and Q8_0's d, Q4_K's sc | m << 8, IQ4_XS's ls
+    // The inverse: the plane's code c of element e ORed into a zeroed block.
+    QG_FRAG_HD void put_code(uint8_t* block, int e, uint32_t c) const {
+        if (format == QG_FORMAT_Q6_K) return q6_K_put_code(block, e, (c + 32u) & 63u);
+        int shift = 0;
+        uint8_t* b = block + code_byte(e, &shift);
+        *b = static_cast<uint8_t>(*b | ((c & code_mask) << shift));
+    }
+    // the 16 bits of 32-element sub-block j (0..elems/32-1): Q4_0's and Q8_0's d, Q4_K's
+    // sc | m << 8, IQ4_XS's ls, Q6_K's int8 scales of its two 16-element halves (bytes)
     QG_FRAG_HD uint16_t record(const uint8_t* block, int j) const {
         return format == QG_FORMAT_Q4_K    ? q4_K_record(block, j)
                : format == QG_FORMAT_IQ4_XS ? iq4_xs_record(block, j)
+               : format == QG_FORMAT_Q6_K   ? f16_at(block, kQ6_KScales + 2 * j)
                                             : f16_at(block, 0);
     }
+    // the super-block's fp16 fields: d (f = 0; Q6_K's at byte 208), Q4_K's dmin (f = 1) or 0
     QG_FRAG_HD uint16_t field(const uint8_t* block, int f) const {
-        return f == 0 ? f16_at(block, 0) : format == QG_FORMAT_Q4_K ? f16_at(block, 2) : uint16_t(0);
+        return f == 0 ? f16_at(block, format == QG_FORMAT_Q6_K ? kQ6_KD : 0)
+                      : format == QG_FORMAT_Q4_K ? f16_at(block, 2) : uint16_t(0);
     }
 };
 

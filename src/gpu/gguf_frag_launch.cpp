@@ -1,9 +1,11 @@
 // GGUF frag-layout GPU tiers: their table entries (src/tier_table.h) and the device repack. A
 // Q4_0 weight in the frag layout (qg_gguf_repack) is a W4A16 frag weight of G = 32, symmetric,
 // with fp16 scales, a Q4_K or IQ4_XS one the same planes with its records and super-block
-// words, a Q8_0 one Q4_0's scales with a byte plane for its codes (src/formats/gguf_frag.h), so
-// both tiers are the W4A16 frag kernels (src/gpu/frag_launch.h) on the same call stated in
-// W4A16 terms, Q4_K, IQ4_XS and Q8_0 with their own codes (CODE_Q4_K, CODE_IQ4_XS, CODE_Q8_0). Arguments were validated by src/api.cpp.
+// words, a Q8_0 one Q4_0's scales with a byte plane for its codes, a Q6_K one that byte plane
+// with Q4_K's records and super-block words (src/formats/gguf_frag.h), so both tiers are the
+// W4A16 frag kernels (src/gpu/frag_launch.h) on the same call stated in W4A16 terms, Q4_K,
+// IQ4_XS, Q8_0 and Q6_K with their own codes (CODE_Q4_K, CODE_IQ4_XS, CODE_Q8_0, CODE_Q6_K).
+// Arguments were validated by src/api.cpp.
 #include <stdint.h>
 
 #include "formats/gguf_frag.h"
@@ -30,7 +32,7 @@ qg_w4a16_gemm_args as_frag_call(const Args& a) {
     w.ldx = a.ldx;
     w.qweight = static_cast<const int32_t*>(a.w);
     w.scales = a.w_scales;
-    w.qzeros = nullptr;  // Q4_0's d * (q - 8): z = 8; Q4_K, IQ4_XS, Q8_0: no zero-points (their codes)
+    w.qzeros = nullptr;  // Q4_0's d * (q - 8): z = 8; the others: no zero-points (their codes)
     w.y = a.y;
     w.ldy = a.ldy;
     w.workspace = a.workspace;
@@ -60,6 +62,7 @@ int code_of(const Args& a) {
     return a.format == QG_FORMAT_Q4_K     ? CODE_Q4_K
            : a.format == QG_FORMAT_IQ4_XS ? CODE_IQ4_XS
            : a.format == QG_FORMAT_Q8_0   ? CODE_Q8_0
+           : a.format == QG_FORMAT_Q6_K   ? CODE_Q6_K
                                           : CODE_INT4;
 }
 
