@@ -506,10 +506,17 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     // grouped: the expert of this token tile (a tile past the rows in use, or of no expert,
-    // returns before any barrier or copy); its weight planes start e * row_blocks in
+    // returns before any barrier or copy); its weight planes start e * row_blocks in. A
+    // grouped grid is one-dimensional, row tiles fastest: the blocks running together share a
+    // token tile (its x stays in L2 while the expert's row tiles stream by), where token tiles
+    // fastest re-read all of the gathered x from DRAM for every row tile once it outgrows L2
+    // (GPT-OSS-20b T = 2048: 59 MB, 45 row tiles). A dense grid: token tiles x row tiles.
     const bool grouped = !SK && p.tile_experts != nullptr;
-    const int expert = grouped ? p.tile_experts[blockIdx.x] : 0;
-    if (grouped && (static_cast<int>(blockIdx.x) * BN >= p.num_sorted[0] || expert < 0 || expert >= p.experts)) return;
+    const int row_tiles = (p.row_blocks + PF_ROWS / 16 - 1) / (PF_ROWS / 16);
+    const int tt = grouped ? static_cast<int>(blockIdx.x / row_tiles) : static_cast<int>(blockIdx.x);
+    const int rt = grouped ? static_cast<int>(blockIdx.x % row_tiles) : static_cast<int>(blockIdx.y);
+    const int expert = grouped ? p.tile_experts[tt] : 0;
+    if (grouped && (tt * BN >= p.num_sorted[0] || expert < 0 || expert >= p.experts)) return;
 
     if (tid == 0) {
         tma_prefetch_descriptor(&tmap_x);
@@ -525,8 +532,8 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     WgAcc<BN> acc;
     int ks = 0;  // steps run so far (run_segment)
     if constexpr (!SK) {
-        const int tok0 = blockIdx.x * BN;
-        const int rb = blockIdx.y * (PF_ROWS / 16) + warp;
+        const int tok0 = tt * BN;
+        const int rb = rt * (PF_ROWS / 16) + warp;
         run_segment<XT, BN, G, ASYM, CODE, FOLD>(acc, tmap_x, p, ring, tok0, rb + expert * p.row_blocks,
                                                  rb < p.row_blocks, 0, p.k_chunks, ks);
         if (!grouped) {

@@ -358,10 +358,15 @@ qg_status launch_grouped(const qg_context* ctx, const GemmCall& c, qg_dtype x_dt
     p.part_rows = c.p.part_blocks * 16;
     p.part_valid = part_valid;
     p.bias_stride = bias_stride;
-    const dim3 grid(static_cast<unsigned>(c.p.max_tiles), static_cast<unsigned>(ceil_div(row_blocks, PF_ROWS / 16)));
+    // one-dimensional, row tiles fastest (the kernel's grouped grid)
+    const int64_t row_tiles = ceil_div(row_blocks, PF_ROWS / 16), blocks = row_tiles * c.p.max_tiles;
+    if (blocks > INT32_MAX)
+        return set_error(QG_ERR_UNSUPPORTED, "%s: %lld token tiles x %lld row tiles exceed one grid", what,
+                         static_cast<long long>(c.p.max_tiles), static_cast<long long>(row_tiles));
+    const dim3 grid(static_cast<unsigned>(blocks));
     if (log_enabled())
-        log_once("%s: grouped prefill_wgmma, expert tiles of %d tokens, grid %u x %u (token tiles x row tiles), smem %d",
-                 what, bn, grid.x, grid.y, smem);
+        log_once("%s: grouped prefill_wgmma, expert tiles of %d tokens, %lld token tiles x %lld row tiles (row tiles "
+                 "fastest), smem %d", what, bn, static_cast<long long>(c.p.max_tiles), static_cast<long long>(row_tiles), smem);
     return launch_util::launch_with_map(kernel, grid, PF_THREADS, smem, static_cast<hipStream_t>(stream), map, p, what);
 }
 
