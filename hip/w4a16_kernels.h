@@ -197,6 +197,7 @@ struct PrefillParams {
     // Dense calls (tile_experts nullptr) on the stream-K kernel (prefill_kernel's stream_k): a
     // grid of resident blocks sharing the tiles t = row tile * token_tiles + token tile.
     int token_tiles, tiles;
+    int row_tile0;            // dense calls: the first row tile of the launch (a row split's tail launch)
     uint32_t* sk_count;       // [tiles] arrivals per stream-K tile, zero before and after
     float* partial;           // [gridDim.x][BN / 8][PF_THREADS] float4: a block's stream-K sums, zeroed once read
     // Grouped (MoE experts, src/gpu/moe_launch.cpp): x holds the tokens gathered by

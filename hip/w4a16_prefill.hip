@@ -479,8 +479,9 @@ __device__ __forceinline__ void gather_partials(WgAcc<BN>& acc, const PrefillPar
 
 // FOLD: the scale in A (file comment); the launcher passes prefill_folds(x type, scale type).
 //
-// SK = false: a block a tile (token tile bx, row tile by), all of K. SK = true (dense calls
-// only): a grid of P blocks over the tiles t = row tile * token_tiles + token tile: their
+// SK = false: a block a tile (token tile bx, row tile row_tile0 + by), all of K. SK = true (dense
+// calls only): a grid of P blocks over the tiles t = (row tile - row_tile0) * token_tiles + token
+// tile: their
 // (tile, chunk) units, tile-major, in equal contiguous ranges [b W / P, (b + 1) W / P) of the W
 // units, each range run from its end backwards. A range splits a tile's K at most at its two
 // ends: the block holding a tile's last unit ends it (its last segment: it adds the others'
@@ -514,7 +515,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     const bool grouped = !SK && p.tile_experts != nullptr;
     const int row_tiles = (p.row_blocks + PF_ROWS / 16 - 1) / (PF_ROWS / 16);
     const int tt = grouped ? static_cast<int>(blockIdx.x / row_tiles) : static_cast<int>(blockIdx.x);
-    const int rt = grouped ? static_cast<int>(blockIdx.x % row_tiles) : static_cast<int>(blockIdx.y);
+    const int rt = grouped ? static_cast<int>(blockIdx.x % row_tiles) : static_cast<int>(blockIdx.y) + p.row_tile0;
     const int expert = grouped ? p.tile_experts[tt] : 0;
     if (grouped && (tt * BN >= p.num_sorted[0] || expert < 0 || expert >= p.experts)) return;
 
@@ -561,7 +562,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
             const int sk = static_cast<int>((e - 1) / KC);
             const int64_t t0 = static_cast<int64_t>(sk) * KC, s = u0 > t0 ? u0 : t0;
             const int kc0 = static_cast<int>(s - t0), chunks = static_cast<int>(e - s);
-            const int tok0 = (sk % p.token_tiles) * BN, rb = (sk / p.token_tiles) * (PF_ROWS / 16) + warp;
+            const int tok0 = (sk % p.token_tiles) * BN, rb = (p.row_tile0 + sk / p.token_tiles) * (PF_ROWS / 16) + warp;
             run_segment<XT, BN, G, ASYM, CODE, FOLD>(acc, tmap_x, p, ring, tok0, rb, rb < p.row_blocks,
                                                      kc0, chunks, ks);
             if (kc0 + chunks < KC) {

@@ -368,19 +368,19 @@ ctx.synchronize()
 
 
 def _prefill_launches_logged(n: int, k: int, m: int, g: int, symmetric: bool) -> tuple[list, list, int]:
-    """([(tokens, rows, tokens per tile, tiles, stream-K (0 / 1), blocks) of each prefill launch],
-    [tokens of each decode_frag launch], SMs) of the call a child process logs for bf16 x and
-    scales."""
+    """([(tokens, rows, tokens per tile, tiles, stream-K (0 / 1), blocks, first row tile) of each
+    prefill launch], [tokens of each decode_frag launch], SMs) of the call a child process logs
+    for bf16 x and scales."""
     p = subprocess.run([sys.executable, "-c", _TILE_CHILD, *(str(v) for v in (n, k, m, g, int(symmetric)))],
                        env=dict(os.environ, QG_LOG="1"), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"child failed:\n{p.stderr[-2000:]}"
     launches = re.findall(rf"w4a16 prefill_wgmma m=(\d+) n=(\d+) k={k} g={g} \w+ \(scale folded into A\): "
                           rf"tile 128 rows x (\d+) tokens, (\d+) tiles \(\d+ x \d+\), (stream-K over|a block a tile,) "
-                          rf"blocks: (\d+)", p.stderr)
+                          rf"blocks: (\d+), smem \d+, row tiles from (\d+)", p.stderr)
     decodes = re.findall(rf"w4a16 decode_frag m=(\d+) n={n} k={k} g={g} ", p.stderr)
     sms = re.search(r"context \S+ device \d+: .*, (\d+) SMs", p.stderr)
     assert launches and sms, f"no folded prefill or context line in the child's QG_LOG output:\n{p.stderr[-2000:]}"
-    return ([(*(int(v) for v in launch[:4]), int(launch[4] == "stream-K over"), int(launch[5]))
+    return ([(*(int(v) for v in launch[:4]), int(launch[4] == "stream-K over"), int(launch[5]), int(launch[6]))
              for launch in launches], [int(v) for v in decodes], int(sms.group(1)))
 
 
@@ -398,8 +398,9 @@ def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, poison
     _need_prefill(gpu_ctx)
     n, k, m = 128 * 132, 384, 520
     launches, decodes, sms = _prefill_launches_logged(n, k, m, group_size, symmetric)
-    assert [v[:3] for v in launches] == [(512, n, 256)] and decodes == [8], \
-        f"{sms} SMs, M = {m}: the plan launched {launches} and decode_frag on {decodes} tokens"
+    # one launch of the 264 tiles on 132 SMs (two whole waves); elsewhere a row split may add one
+    assert {v[:3] for v in launches} == {(512, n, 256)} and sum(v[3] for v in launches) == 264 \
+        and decodes == [8], f"{sms} SMs, M = {m}: the plan launched {launches} and decode_frag on {decodes} tokens"
     assert prefill_decode_tail(m, True) == 512
     tile = 256
     name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
@@ -424,18 +425,25 @@ def test_w4a16_gpu_prefill_stream_k(rng, gpu_ctx, waves, poisoned_output, assert
     last 120 rows), M = 300 (one 256-token tile, then the ragged 44 tokens as their own launch),
     K = 2048, g128 asym bf16. prefill_plan spreads one wave and 4 tiles over the SMs as
     stream-K (each tile's K in about two segments, the block ending it adding the other's
-    partial sums) and runs two waves and 4 tiles whole, a block a tile; the child's QG_LOG=1
-    lines say which, and how many blocks. Against the folded reference; twice on one workspace
-    (the counters re-arm, the slots are zeroed); with a bias, fl(y + bias) of the call without
-    one, bit for bit (the bias is added once, after the partial sums)."""
+    partial sums); two waves and 4 tiles are a row split (row_split): the first 2 x SMs row
+    tiles whole, a block a tile, then the last 4 as a stream-K launch of their own (its row
+    tiles from 2 x SMs on). The child's QG_LOG=1 lines say which, and how many blocks. Against
+    the folded reference; twice on one workspace (the counters re-arm, the slots are zeroed);
+    with a bias, fl(y + bias) of the call without one, bit for bit (the bias is added once,
+    after the partial sums)."""
     _need_prefill(gpu_ctx)
     _, _, sms = _prefill_launches_logged(512, 256, 300, 128, False)
     tiles = waves * sms + 4
     n, k, m = 128 * tiles - 8, 2048, 300
     launches, decodes, _ = _prefill_launches_logged(n, k, m, 128, False)
-    want = (1, sms) if waves == 1 else (0, tiles)  # stream-K, blocks
-    assert launches[0] == (256, n, 256, tiles, *want), launches
-    assert [v[:3] for v in launches[1:]] == [(44, n, 64)] and not decodes, (launches, decodes)
+    if waves == 1:
+        heads = 1
+        assert launches[0] == (256, n, 256, tiles, 1, sms, 0), launches
+    else:
+        heads = 2
+        assert launches[0] == (256, n, 256, 2 * sms, 0, 2 * sms, 0), launches
+        assert launches[1][:5] == (256, n, 256, 4, 1) and launches[1][6] == 2 * sms and launches[1][5] >= 4, launches
+    assert [v[:3] for v in launches[heads:]] == [(44, n, 64)] and not decodes, (launches, decodes)
     w = random_int4(rng, n, k, 128, False, BF16)
     wd = w.to_device(gpu_ctx)
     x = random_x(rng, m, k, BF16)

@@ -86,18 +86,23 @@ const void* kernel_of(const Args& a, int bn, int code, bool stream_k) {
 //     than a full wave's, and a persistent grid taking whole tiles in a fixed order lost 5-10 %
 //     to the GPU's own block scheduler (43008 x 5376 M = 512: 403 -> 442 us);
 //   - split_k (tests) makes every tile stream-K over about split_k blocks.
+// A plan covers row tiles [row_tile0, row_tile0 + row_tiles) of the weight (all of them but
+// in a row split, plan_launches).
 struct PrefillPlan {
     bool fold = false;  // the kernel takes the scale into A (prefill_folds)
     int bn = 128;
-    int64_t row_tiles = 0, token_tiles = 0, tiles = 0;
+    int64_t row_tile0 = 0, row_tiles = 0, token_tiles = 0, tiles = 0;
+    int64_t slots = 0;      // resident blocks of the stream-K kernel
     bool stream_k = false;  // else a block a tile
     int64_t grid = 0;       // stream-K blocks
 };
 
-PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code) {
+// rows: the launch's row tiles from row_tile0 (0: all of the weight's)
+PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code, int64_t row_tile0 = 0, int64_t rows = 0) {
     PrefillPlan pl;
     const frag::Geometry geo(a.n, a.k, a.group_size);
-    pl.row_tiles = ceil_div(a.n, PF_ROWS);
+    pl.row_tile0 = row_tile0;
+    pl.row_tiles = rows > 0 ? rows : ceil_div(a.n, PF_ROWS) - row_tile0;
     pl.fold = prefill_folds(elem_type(a.x_dtype), elem_type(a.scale_dtype), code);
     pl.bn = a.m <= 64 ? 64 : a.m <= 128 || !pl.fold ? 128 : 256;
     if (ctx->prefill_tile > 0) pl.bn = ctx->prefill_tile == 256 && !pl.fold ? 128 : static_cast<int>(ctx->prefill_tile);
@@ -106,6 +111,7 @@ PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code) {
     const int per_sm =
         launch_util::resident_blocks(ctx, kernel_of(a, pl.bn, code, true), PF_THREADS, frag_launch::prefill_smem(pl.bn));
     const int64_t slots = static_cast<int64_t>(std::max(ctx->sm_count, 1)) * std::max(per_sm, 1);
+    pl.slots = slots;
     const int64_t units = pl.tiles * geo.k_chunks;
     constexpr int64_t kMinChunks = 8;
     if (ctx->split_k > 0) {
@@ -144,13 +150,48 @@ Args token_slice(const Args& a, int64_t m0, int64_t rows) {
     return s;
 }
 
-// One kernel launch of a call: the call on a slice of tokens, and its plan (a prefill launch),
-// or decode_frag on it.
+// One kernel launch of a call: the call on a slice of tokens, and its plan (a prefill launch,
+// on some or all of the row tiles), or decode_frag on it.
 struct Launch {
     Args a;
     PrefillPlan pl;
     bool decode = false;
 };
+
+// The row tiles a row split takes from the end of a whole-tile plan into a stream-K launch of
+// their own, or 0 (bench/NOTES.md, "Prefill: the last partial wave as stream-K"). Past two waves
+// of whole tiles (one wave and at most half of another is all stream-K already), a last wave of
+// r = tiles % slots tiles costs about a whole wave's time for r / slots of its work (43008 x
+// 5376 at M = 512: 672 tiles of 256 tokens on 132 SMs, 5 waves and 12 tiles, ~1/6 of the time):
+// the last R = ceil(r / token_tiles) row tiles (every token tile of them) run as stream-K over
+// the slots instead, where r is at most 3/4 of the slots (a stream-K block runs ~9 % slower
+// than a whole tile's, and the lone blocks of a short last wave faster than a full wave's).
+// The head's R fewer row tiles leave it at most its whole waves.
+int64_t row_split(const PrefillPlan& pl, const qg_context* ctx) {
+    if (pl.stream_k || ctx->split_k > 0 || pl.slots <= 0 || pl.tiles < 2 * pl.slots) return 0;
+    const int64_t r = pl.tiles % pl.slots;
+    if (r == 0 || 4 * r > 3 * pl.slots) return 0;
+    const int64_t rows = ceil_div(r, pl.token_tiles);
+    return rows * pl.token_tiles < pl.slots && rows < pl.row_tiles ? rows : 0;
+}
+
+// The launches of the call on one token slice: its plan, or (row_split) its whole tiles on the
+// first row tiles and then the last ones as stream-K. Returns how many (1 or 2) went to out.
+int slice_launches(const qg_context* ctx, const Args& a, int code, Launch* out) {
+    const PrefillPlan pl = prefill_plan(ctx, a, code);
+    const int64_t tail = row_split(pl, ctx);
+    if (tail > 0) {
+        const PrefillPlan head = prefill_plan(ctx, a, code, 0, pl.row_tiles - tail);
+        const PrefillPlan last = prefill_plan(ctx, a, code, pl.row_tiles - tail, tail);
+        if (!head.stream_k && last.stream_k) {
+            out[0] = Launch{a, head};
+            out[1] = Launch{a, last};
+            return 2;
+        }
+    }
+    out[0] = Launch{a, pl};
+    return 1;
+}
 
 // Every launch of a call, in order: one, or (no prefill_tile option set) the full token tiles
 // and then the ragged tail of M past the last of them, where
@@ -162,7 +203,9 @@ struct Launch {
 //     tile of every row tile (M = 300: 2.1x M = 256; M = 517: 1.7x M = 512, measured), so it
 //     runs as a second prefill launch with the tile its own M picks (64 or 128). A ragged tile
 //     of 128 costs no more than a second 128-token launch would.
-int plan_launches(const qg_context* ctx, const Args& a, int code, Launch (&out)[2]) {
+// Each token slice's launches are slice_launches': a row split may make them two.
+constexpr int kMaxLaunches = 4;
+int plan_launches(const qg_context* ctx, const Args& a, int code, Launch (&out)[kMaxLaunches]) {
     const PrefillPlan pl = prefill_plan(ctx, a, code);
     const int64_t tail = a.m % pl.bn;
     if (ctx->prefill_tile == 0 && a.m > pl.bn && tail != 0) {
@@ -170,13 +213,15 @@ int plan_launches(const qg_context* ctx, const Args& a, int code, Launch (&out)[
         const char* why = nullptr;
         const bool decode = tail <= kDecodeRows && frag_launch::decode_usable(ctx, rest, &why);
         if (decode || (pl.bn == 256 && tail <= 128)) {
-            out[0] = Launch{head, prefill_plan(ctx, head, code)};
-            out[1] = Launch{rest, decode ? PrefillPlan{} : prefill_plan(ctx, rest, code), decode};
-            return 2;
+            int count = slice_launches(ctx, head, code, out);
+            if (decode) {
+                out[count++] = Launch{rest, PrefillPlan{}, true};
+                return count;
+            }
+            return count + slice_launches(ctx, rest, code, out + count);
         }
     }
-    out[0] = Launch{a, pl};
-    return 1;
+    return slice_launches(ctx, a, code, out);
 }
 
 qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& pl, int code, qg_stream stream) {
@@ -209,6 +254,7 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
     p.superblocks = frag_launch::q4_k_superblocks(a, code);
     p.token_tiles = static_cast<int>(pl.token_tiles);
     p.tiles = static_cast<int>(pl.tiles);
+    p.row_tile0 = static_cast<int>(pl.row_tile0);
     if (pl.stream_k) {
         p.sk_count = static_cast<uint32_t*>(a.workspace);
         p.partial = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + counter_bytes(pl));
@@ -217,13 +263,13 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
                                   : dim3(static_cast<unsigned>(pl.token_tiles), static_cast<unsigned>(pl.row_tiles));
     if (log_enabled())
         log_once("%s m=%lld n=%lld k=%lld g=%d %s%s: tile 128 rows x %d tokens, %lld tiles (%lld x %lld), %s %lld, "
-                 "smem %d",
+                 "smem %d, row tiles from %lld",
                  what, static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k),
                  a.group_size, frag_launch::code_name(code, a.qzeros != nullptr),
                  float32_weights(code) ? " (weights in float32, rounded once into A)" : pl.fold ? " (scale folded into A)" : "", bn, static_cast<long long>(pl.tiles),
                  static_cast<long long>(pl.row_tiles), static_cast<long long>(pl.token_tiles),
                  pl.stream_k ? "stream-K over blocks:" : "a block a tile, blocks:",
-                 static_cast<long long>(pl.stream_k ? pl.grid : pl.tiles), smem);
+                 static_cast<long long>(pl.stream_k ? pl.grid : pl.tiles), smem, static_cast<long long>(pl.row_tile0));
     return launch_util::launch_with_map(kernel, grid, PF_THREADS, smem, static_cast<hipStream_t>(stream), map, p, what);
 #else
     (void)ctx, (void)a, (void)pl, (void)code, (void)stream;
@@ -234,7 +280,7 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
 }  // namespace
 
 size_t frag_launch::prefill_workspace(const qg_context* ctx, const Args& a, int code) {
-    Launch launches[2];
+    Launch launches[kMaxLaunches];
     const int count = plan_launches(ctx, a, code, launches);
     size_t most = 0;
     for (int i = 0; i < count; ++i)
@@ -244,7 +290,7 @@ size_t frag_launch::prefill_workspace(const qg_context* ctx, const Args& a, int 
 }
 
 qg_status frag_launch::prefill(const qg_context* ctx, const Args& a, int code, qg_stream stream) {
-    Launch launches[2];
+    Launch launches[kMaxLaunches];
     const int count = plan_launches(ctx, a, code, launches);
     for (int i = 0; i < count; ++i) {
         const Launch& l = launches[i];
