@@ -161,12 +161,12 @@ struct Launch {
 // The row tiles a row split takes from the end of a whole-tile plan into a stream-K launch of
 // their own, or 0 (bench/NOTES.md, "Prefill: the last partial wave as stream-K"). Past two waves
 // of whole tiles (one wave and at most half of another is all stream-K already), a last wave of
-// r = tiles % slots tiles costs about a whole wave's time for r / slots of its work (43008 x
-// 5376 at M = 512: 672 tiles of 256 tokens on 132 SMs, 5 waves and 12 tiles, ~1/6 of the time):
-// the last R = ceil(r / token_tiles) row tiles (every token tile of them) run as stream-K over
-// the slots instead, where r is at most 3/4 of the slots (a stream-K block runs ~9 % slower
-// than a whole tile's, and the lone blocks of a short last wave faster than a full wave's).
-// The head's R fewer row tiles leave it at most its whole waves.
+// r = tiles % slots tiles, r at most 3/4 of the slots, leaves most SMs idle: its last R =
+// ceil(r / token_tiles) row tiles (every token tile of them) run as stream-K over the slots
+// instead. Measured on the H200: it pays where K is long (5376 x 21504 at M = 2048: -7 %) and is
+// even elsewhere (43008 x 5376 at M = 512: -1 %), because a short last wave's lone blocks run at
+// a higher clock than a full wave's (1.92 against 1.66 GHz) and a short stream-K part pays its
+// prologue and fix-up. The head's R fewer row tiles leave it at most its whole waves.
 int64_t row_split(const PrefillPlan& pl, const qg_context* ctx) {
     if (pl.stream_k || ctx->split_k > 0 || pl.slots <= 0 || pl.tiles < 2 * pl.slots) return 0;
     const int64_t r = pl.tiles % pl.slots;
@@ -175,10 +175,10 @@ int64_t row_split(const PrefillPlan& pl, const qg_context* ctx) {
     return rows * pl.token_tiles < pl.slots && rows < pl.row_tiles ? rows : 0;
 }
 
-// The launches of the call on one token slice: its plan, or (row_split) its whole tiles on the
-// first row tiles and then the last ones as stream-K. Returns how many (1 or 2) went to out.
-int slice_launches(const qg_context* ctx, const Args& a, int code, Launch* out) {
-    const PrefillPlan pl = prefill_plan(ctx, a, code);
+// The launches of the call on one token slice, given its plan pl: that plan, or (row_split) its
+// whole tiles on the first row tiles and then the last ones as stream-K. Returns how many (1 or
+// 2) went to out.
+int slice_launches(const qg_context* ctx, const Args& a, int code, const PrefillPlan& pl, Launch* out) {
     const int64_t tail = row_split(pl, ctx);
     if (tail > 0) {
         const PrefillPlan head = prefill_plan(ctx, a, code, 0, pl.row_tiles - tail);
@@ -213,15 +213,15 @@ int plan_launches(const qg_context* ctx, const Args& a, int code, Launch (&out)[
         const char* why = nullptr;
         const bool decode = tail <= kDecodeRows && frag_launch::decode_usable(ctx, rest, &why);
         if (decode || (pl.bn == 256 && tail <= 128)) {
-            int count = slice_launches(ctx, head, code, out);
+            int count = slice_launches(ctx, head, code, prefill_plan(ctx, head, code), out);
             if (decode) {
                 out[count++] = Launch{rest, PrefillPlan{}, true};
                 return count;
             }
-            return count + slice_launches(ctx, rest, code, out + count);
+            return count + slice_launches(ctx, rest, code, prefill_plan(ctx, rest, code), out + count);
         }
     }
-    return slice_launches(ctx, a, code, out);
+    return slice_launches(ctx, a, code, pl, out);
 }
 
 qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& pl, int code, qg_stream stream) {
