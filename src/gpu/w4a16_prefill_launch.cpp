@@ -166,21 +166,29 @@ struct Launch {
 // instead. Measured on the H200: it pays where K is long (5376 x 21504 at M = 2048: -7 %) and is
 // even elsewhere (43008 x 5376 at M = 512: -1 %), because a short last wave's lone blocks run at
 // a higher clock than a full wave's (1.92 against 1.66 GHz) and a short stream-K part pays its
-// prologue and fix-up. The head's R fewer row tiles leave it at most its whole waves.
-int64_t row_split(const PrefillPlan& pl, const qg_context* ctx) {
+// prologue and fix-up. Where r is at most half the slots, the last whole wave joins those r
+// tiles (r + slots tiles, rounded up to whole row tiles, over the slots: each block ~1 + r /
+// slots tiles, prefill_plan's "one wave and at most half of another"): a stream-K launch of r
+// tiles alone took a tile's time for a fifth of a tile's work (43008 x 5376 at M = 512: 12
+// tiles, 51.9 us, where a whole wave takes 68.6), and with the wave joined M = 512 measured
+// 392 -> 377 us (GGUF frag formats -3 to -4 %), M = 2048 (r = 48) within the noise. The head's
+// fewer row tiles leave it at most its whole waves.
+// wide: the form that joins the last whole wave (slice_launches tries it first).
+int64_t row_split(const PrefillPlan& pl, const qg_context* ctx, bool wide) {
     if (pl.stream_k || ctx->split_k > 0 || pl.slots <= 0 || pl.tiles < 2 * pl.slots) return 0;
     const int64_t r = pl.tiles % pl.slots;
-    if (r == 0 || 4 * r > 3 * pl.slots) return 0;
-    const int64_t rows = ceil_div(r, pl.token_tiles);
-    return rows * pl.token_tiles < pl.slots && rows < pl.row_tiles ? rows : 0;
+    if (r == 0 || 4 * r > 3 * pl.slots || (wide && 2 * r > pl.slots)) return 0;
+    const int64_t rows = ceil_div(wide ? r + pl.slots : r, pl.token_tiles);
+    return rows * pl.token_tiles < (wide ? 2 : 1) * pl.slots && rows < pl.row_tiles ? rows : 0;
 }
 
 // The launches of the call on one token slice, given its plan pl: that plan, or (row_split) its
 // whole tiles on the first row tiles and then the last ones as stream-K. Returns how many (1 or
 // 2) went to out.
 int slice_launches(const qg_context* ctx, const Args& a, int code, const PrefillPlan& pl, Launch* out) {
-    const int64_t tail = row_split(pl, ctx);
-    if (tail > 0) {
+    for (const bool wide : {true, false}) {
+        const int64_t tail = row_split(pl, ctx, wide);
+        if (tail <= 0) continue;
         const PrefillPlan head = prefill_plan(ctx, a, code, 0, pl.row_tiles - tail);
         const PrefillPlan last = prefill_plan(ctx, a, code, pl.row_tiles - tail, tail);
         if (!head.stream_k && last.stream_k) {
