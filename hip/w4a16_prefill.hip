@@ -408,16 +408,12 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
 
 // The dense epilogue of one tile: y = acc + bias, rounded once, rows past N and tokens past M
 // not stored. d[4j + i] is row 16 w + g + 8 (i >> 1) of the tile, token 8 j + 2 t + (i & 1).
+// This form stores each element on its own (2-byte stores, a bounds test and the output type's
+// switch each): fp32 y, and y whose rows are not 16-byte aligned. store_tile_staged is the rule.
 template <int BN>
 __device__ __forceinline__ void store_tile(WgAcc<BN>& acc, const PrefillParams& p, int tok0, int rb) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int n0 = rb * 16 + g;
-    const float bias_n[2] = {n0 < p.n ? bias_at(p.bias, n0) : 0.0f, n0 + 8 < p.n ? bias_at(p.bias, n0 + 8) : 0.0f};
-    // the bias first, in registers, so that the store loop stays what it is without one
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc.d[4 * j + i] += bias_n[i >> 1];
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -427,6 +423,83 @@ __device__ __forceinline__ void store_tile(WgAcc<BN>& acc, const PrefillParams& 
             if (tok < p.m && n < p.n)
                 store_out(p.y, static_cast<int64_t>(tok) * p.ldy + n, acc.d[4 * j + i], p.y_type);
         }
+}
+
+// The staged tile: BN token rows of the tile's 128 weight rows (256 bytes of 16-bit y), padded
+// by 16 bytes so that the 8 rows of a stmatrix (and the quarter-warps of a 16-byte read) fall in
+// distinct banks. It lies where the x ring was (PrefillSmem: at least BN x 256 bytes a stage).
+constexpr int PF_STAGE_STRIDE = PF_ROWS * 2 + 16;
+
+// The dense epilogue through shared memory, where y is x's 16-bit type and its rows are 16-byte
+// aligned (the block's test: y_staged): each warp turns its accumulators into x's type (one
+// cvt a pair: the same round to nearest even as store_out) and stores them transposed, one
+// stmatrix for four 8 x 8 blocks; then each thread copies 16-byte pieces (8 weight rows of one
+// token) to y. 16 instructions a thread for the shared stores and 16 pairs of 16-byte load and
+// store at BN = 256, where store_tile spends ~27 instructions on each of its 128 stores
+// (H200 source counters: 16 % of the warps' time at 43008 x 5376, M = 512; bench/NOTES.md).
+// All threads of the block call it (two barriers); the x ring must be idle: every wgmma done,
+// no copy in flight. `more`: the block's x ring is used again after this (stream-K's next
+// segment), so the shared reads are fenced against the copies to come.
+template <int XT, int BN>
+__device__ __forceinline__ void store_tile_staged(WgAcc<BN>& acc, const PrefillParams& p, unsigned char* stage,
+                                                  int tok0, int rb, bool more) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    __syncthreads();  // every warp's wgmmas have read their last x tile
+    // stmatrix j2 covers tokens 16 j2 .. + 15: matrix q = lane / 8 is token block 2 j2 + q / 2,
+    // rows 16 warp + 8 (q % 2); lane 8 q + i addresses its token row i
+    const int q = lane >> 3, i = lane & 7;
+    const uint32_t base = smem_addr(stage) + ((q >> 1) * 8 + i) * PF_STAGE_STRIDE + (16 * warp + 8 * (q & 1)) * 2;
+#pragma unroll
+    for (int j2 = 0; j2 < BN / 16; ++j2) {
+        const float* d = acc.d + 8 * j2;
+        stmatrix_x4_trans(base + j2 * 16 * PF_STAGE_STRIDE, pack_x2<XT>(d[0], d[1]), pack_x2<XT>(d[2], d[3]),
+                          pack_x2<XT>(d[4], d[5]), pack_x2<XT>(d[6], d[7]));
+    }
+    __syncthreads();
+    // thread tid copies weight rows 8 (tid % 16) .. + 7 of token rows tid / 16 + 16 it: a warp
+    // stores two whole 256-byte token rows of the tile an instruction
+    const int piece = tid & 15, row0 = tid >> 4;
+    const int n = (rb - warp) * 16 + 8 * piece;
+    const bool whole = n + 8 <= p.n;  // else N ends inside the piece (GGUF weights: any N)
+    const uint32_t src = smem_addr(stage) + row0 * PF_STAGE_STRIDE + 16 * piece;
+    uint16_t* dst = static_cast<uint16_t*>(p.y) + static_cast<int64_t>(tok0 + row0) * p.ldy + n;
+    const int64_t dst_step = 16 * p.ldy;
+#pragma unroll
+    for (int it = 0; it < BN / 16; ++it, dst += dst_step) {
+        if (tok0 + row0 + 16 * it >= p.m) break;
+        const uint4 v = lds128_at(src + it * 16 * PF_STAGE_STRIDE);
+        if (whole) {
+            *reinterpret_cast<uint4*>(dst) = v;
+        } else {
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (n + e < p.n) dst[e] = static_cast<uint16_t>(w[e >> 1] >> (16 * (e & 1)));
+        }
+    }
+    if (more) {
+        fence_proxy_async_shared();
+        __syncthreads();
+    }
+}
+
+// y = acc + bias for a dense tile (bias added in fp32 first, then one rounding): staged where
+// y_staged allows it. `y_staged` is the same for every thread of the block.
+template <int XT, int BN>
+__device__ __forceinline__ void store_dense(WgAcc<BN>& acc, const PrefillParams& p, unsigned char* stage,
+                                            bool y_staged, int tok0, int rb, bool more) {
+    const int g = (threadIdx.x & 31) >> 2;
+    const int n0 = rb * 16 + g;
+    const float bias_n[2] = {n0 < p.n ? bias_at(p.bias, n0) : 0.0f, n0 + 8 < p.n ? bias_at(p.bias, n0 + 8) : 0.0f};
+    // the bias first, in registers, so that the store loop stays what it is without one
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc.d[4 * j + i] += bias_n[i >> 1];
+    if (y_staged)
+        store_tile_staged<XT, BN>(acc, p, stage, tok0, rb, more);
+    else
+        store_tile<BN>(acc, p, tok0, rb);
 }
 
 // A block's partial-sum slot (stream-K): BN / 8 float4 per thread, thread-minor, so that every
@@ -530,6 +603,10 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     __syncthreads();
 
     const XRing ring{smem_addr(smem), smem_addr(full), smem_addr(empty)};
+    // dense tiles stage their output through the x ring where y is 16-bit x-typed and 16-byte aligned
+    static_assert(BN * PF_STAGE_STRIDE <= Sm::BAR_OFF, "the staged output tile fits in the x ring");
+    const bool y_staged =
+        p.y_type == XT && (reinterpret_cast<uintptr_t>(p.y) & 15) == 0 && (p.ldy & 7) == 0;
     WgAcc<BN> acc;
     int ks = 0;  // steps run so far (run_segment)
     if constexpr (!SK) {
@@ -538,7 +615,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
         run_segment<XT, BN, G, ASYM, CODE, FOLD>(acc, tmap_x, p, ring, tok0, rb + expert * p.row_blocks,
                                                  rb < p.row_blocks, 0, p.k_chunks, ks);
         if (!grouped) {
-            store_tile<BN>(acc, p, tok0, rb);
+            store_dense<XT, BN>(acc, p, smem, y_staged, tok0, rb, false);
             return;
         }
         // grouped: scattered rows, the expert's bias, no padded column
@@ -570,7 +647,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
             } else {
                 // blocks from the one holding the tile's first unit up to this one contribute
                 if (kc0 > 0) gather_partials<BN>(acc, p, sk, b - static_cast<int>(((t0 + 1) * P - 1) / W));
-                store_tile<BN>(acc, p, tok0, rb);
+                store_dense<XT, BN>(acc, p, smem, y_staged, tok0, rb, s > u0);
             }
             e = s;
         }

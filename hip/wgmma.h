@@ -79,6 +79,29 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const void* tensor_map) 
     asm volatile("prefetch.tensormap [%0];" ::"l"(tensor_map) : "memory");
 }
 
+// ---------------------------------------------------------------- stmatrix
+// Four 8x8 16-bit matrices from mma accumulator-style registers into shared memory, each
+// stored transposed (PTX ISA "stmatrix", .trans): r[i] of lane 4 g + t holds row g, columns
+// 2 t and 2 t + 1 of matrix i; column c of matrix i (8 elements, 16 bytes) goes to the
+// address that lane 8 i + c gives. A warp stores 512 bytes with one instruction where 16-bit
+// stores would take 128.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+// 16 bytes from shared memory by address (ld.shared: a generic pointer into shared memory
+// compiles to a generic LD).
+__device__ __forceinline__ uint4 lds128_at(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+                 : "memory");
+    return v;
+}
+// Orders this thread's generic-proxy accesses of shared memory before later async-proxy ones
+// (a TMA copy into the same bytes: PTX ISA "Proxies", fence.proxy.async).
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
 // ---------------------------------------------------------------- wgmma
 // Shared-memory matrix descriptor of a K-major tile with the 128-byte swizzle that TMA's
 // CU_TENSOR_MAP_SWIZZLE_128B writes: rows of 64 16-bit elements (128 B), 8-row swizzle

@@ -133,9 +133,17 @@ class Guarded:
 
     BEFORE, AFTER, LEFT, RIGHT = 2, 3, 3, 5
 
-    def __init__(self, rows, cols, dtype, device_ctx=None):
+    def __init__(self, rows, cols, dtype, device_ctx=None, aligned=False):
+        """aligned: every output row starts 16 bytes aligned (LEFT and ldy multiples of 16
+        bytes): the form the GPU prefill's staged epilogue takes; the default's odd offset
+        takes its element-wise stores."""
         from pyquant.device import as_dtype
         self.rows, self.cols, self.dtype = rows, cols, as_dtype(dtype)
+        if aligned:
+            per16 = 16 // self.dtype.itemsize
+            self.LEFT = per16
+            self.RIGHT = -(per16 + cols) % per16  # ldy a multiple of 16 bytes, at least 3 columns of band
+            self.RIGHT += per16 if self.RIGHT < 3 else 0
         R = self.BEFORE + rows + self.AFTER
         C = self.LEFT + cols + self.RIGHT
         band = np.full((R, C), -4099.0, dtype=np.float32).astype(self.dtype)  # finite, odd pattern

@@ -454,6 +454,52 @@ def test_w4a16_gpu_prefill_stream_k(rng, gpu_ctx, waves, poisoned_output, assert
     b = rng.standard_normal(n).astype(np.float32).astype(BF16)
     yb = pyquant.gemm(xd, wd.with_bias(pyquant.DeviceArray.from_numpy(b, gpu_ctx)), out_dtype=F32).to_numpy()
     assert_bitwise_equal(yb, y + b.astype(np.float32)[None, :], "stream-K with a bias")
+    # bf16 y, rows aligned: the staged epilogue between a block's segments (the x ring refilled
+    # after the output tile passed through it)
+    _staged_equals_rounded_fp32(gpu_ctx, xd, wd, m, n, BF16, "stream-K, staged bf16 output", assert_bitwise_equal)
+
+
+def _staged_equals_rounded_fp32(gpu_ctx, xd, wd, m, n, x_dt, label, assert_bitwise_equal):
+    """y of x's 16-bit type in a 16-byte-aligned guarded buffer (the prefill's staged epilogue)
+    against the same call's float32 output rounded once to x's type: bit for bit."""
+    from conftest import Guarded
+    g = Guarded(m, n, x_dt, device_ctx=gpu_ctx, aligned=True)
+    pyquant.gemm(xd, wd, out=g.y)
+    y16 = g.value()
+    y32 = pyquant.gemm(xd, wd, out_dtype=F32).to_numpy()
+    assert_bitwise_equal(y16, y32.astype(x_dt), label)
+
+
+@pytest.mark.parametrize("case", ["int4-fold", "int4-grp", "q4_0-n4099"])
+def test_gpu_prefill_staged_output(rng, gpu_ctx, case, assert_bitwise_equal):
+    """The prefill's staged epilogue (hip/w4a16_prefill.hip store_tile_staged: y of x's 16-bit
+    type with 16-byte-aligned rows goes through shared memory by stmatrix and out in 16-byte
+    pieces) against the element-wise epilogue of the float32 output of the same call, rounded
+    once to x's type: the two must agree bit for bit (the same sums, the same one rounding),
+    and the guard bands around the aligned output stay intact. Every tile (64, 128, 256 tokens
+    where the scale folds), M ragged in each (17, 300, 517), N = 264 (a partial row tile);
+    a GGUF q4_0 weight with N = 4099, whose last 16-byte piece of each row N ends inside
+    (element-wise stores there)."""
+    _need_prefill(gpu_ctx)
+    if case.startswith("int4"):
+        x_dt, scale_dt, g = (BF16, BF16, 128) if case == "int4-fold" else (F16, BF16, 32)
+        n, k = 264, 512
+        wd = random_int4(rng, n, k, g, False, scale_dt).to_device(gpu_ctx, layout="frag")
+        tiles = (64, 128, 256) if case == "int4-fold" else (64, 128)
+    else:
+        x_dt, n, k = BF16, 4099, 512
+        raw = F.get("q4_0").module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
+        wd = pyquant.from_gguf("q4_0", raw, shape=(n, k)).to_device(gpu_ctx, layout="frag")
+        tiles = (0,)
+    try:
+        for tile in tiles:
+            gpu_ctx.set_option("prefill_tile", tile)
+            for m in (17, 300, 517):
+                xd = pyquant.DeviceArray.from_numpy(random_x(rng, m, k, x_dt), gpu_ctx)
+                _staged_equals_rounded_fp32(gpu_ctx, xd, wd, m, n, x_dt, f"staged prefill {case} tile {tile} m={m}",
+                                            assert_bitwise_equal)
+    finally:
+        gpu_ctx.set_option("prefill_tile", 0)
 
 
 @pytest.mark.parametrize("scale_dt", [F16, BF16], ids=["s_fp16", "s_bf16"])
