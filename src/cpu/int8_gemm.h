@@ -95,7 +95,7 @@ void int8_gemm(const qg_context* ctx, Int8Kind kind, int64_t M, int64_t N, int64
             if (small_m) {
                 const Q8Rows xr{act.q.data(), act.dx.data(), act.dS.data(), act.S.data(), act.S16.data(),
                                 K,            K / Q8_BLOCK,  mb};
-                for (int g0 = 0; g0 < R; g0 += ROWS_GROUP) rows_kernel(src, g0, K, xr, acc, ok);
+                rows_kernel(src, R, K, xr, acc, ok);
             }
             for (int64_t k0 = 0; !small_m && k0 < K; k0 += INT8_TILE_K) {
                 const int64_t kc = std::min(INT8_TILE_K, K - k0), nb = kc / Q8_BLOCK;
