@@ -146,17 +146,26 @@ def test_int4_variants_match_model(rng, group_size, symmetric, scale_dtype, int8
                              f"int4 g{group_size} {'sym' if symmetric else 'asym'} m={m}")
 
 
+# Weight rows for tasks of several panels on the small-M path (int8_gemm.h panels_per_task:
+# about 8 tasks a thread, 16-row panels): 41 panels, the last of 8 rows (int4's zero points
+# are packed by 8 rows), give 5 panels a task on 1 thread (a partial last task), 2 on 2, 1
+# on 3 and 5.
+MANY_PANELS_N = 16 * 40 + 8
+
+
 def test_threads_do_not_change_results(rng, int8_ctx, assert_bitwise_equal):
-    """cpu_threads only shares out the weight panels: every count gives the same bits."""
+    """cpu_threads only shares out the weight panels (one or several a task): every count
+    gives the same bits, the model's."""
     for fmt in ("q4_K", "q8_0", "int4"):
-        w, _, _ = make_weight(rng, fmt, 72, 512)
-        for m in (1, 6):
-            x = random_x(rng, m, 512, F16)
-            int8_ctx.set_option("cpu_threads", 1)
-            want = pyquant.gemm(x, w, out_dtype=np.float32)
-            for threads in (2, 3, 5):
-                int8_ctx.set_option("cpu_threads", threads)
-                assert_bitwise_equal(pyquant.gemm(x, w, out_dtype=np.float32), want, f"{fmt} m={m} threads={threads}")
+        for n in (72, MANY_PANELS_N):
+            w, args, kw = make_weight(rng, fmt, n, 512)
+            for m in (1, 6):
+                x = random_x(rng, m, 512, F16)
+                want, _ = model(x, fmt, args, kw, F32)
+                for threads in (1, 2, 3, 5):
+                    int8_ctx.set_option("cpu_threads", threads)
+                    assert_bitwise_equal(pyquant.gemm(x, w, out_dtype=np.float32), want,
+                                         f"{fmt} n={n} m={m} threads={threads}")
             int8_ctx.set_option("cpu_threads", 0)
 
 
