@@ -44,9 +44,9 @@ constexpr int64_t INT8_TILE_K = 512;
 // consecutive panels, about ROWS_TASKS_PER_THREAD a thread so that the dynamic hand-out
 // still evens out a thread slowed by other load. 14336 x 4096, M = 1, 2 threads, cold, a
 // Xeon (bench/NOTES.md, "CPU int8 at M = 1 on a Xeon with AMX"), median ms, one panel a
-// task -> 16 -> 64: q4_0 2.1 -> 1.6 -> 1.55, q6_K 2.5 -> 1.9 -> 1.9, iq3_xxs 2.8 -> 2.2 ->
-// 2.1; all of a thread's panels in one task (448) as fast, but up to 2x slower whenever
-// other load stalled a thread. The panel kernels (M > rows_max_m()) keep one panel a task:
+// task -> 16 -> 64: q4_0 2.11 -> 1.62 -> 1.58, q6_K 2.50 -> 1.94 -> 1.89, iq3_xxs 2.84 ->
+// 2.18 -> 2.15; all of a thread's panels in one task (448) as fast, but up to 2x slower
+// whenever other load stalled a thread. The panel kernels (M > rows_max_m()) keep one panel a task:
 // they decode into a panel first, and their M rows of work hide the rows' latency.
 constexpr int64_t ROWS_TASKS_PER_THREAD = 8;
 inline int64_t panels_per_task(bool small_m, int64_t n_panels, int threads) {
