@@ -9,9 +9,10 @@
 #   2. The int8 path end to end (quantized activations, every kernel: small-M rows,
 #      panels, scalar / AVX2 / AVX-512 VNNI / AMX, and iq3_xxs's AVX-512 VBMI decoder within
 #      the avx512vnni and amx levels where the CPU has VBMI): tests/native/int8_dump.cpp against the
-#      library built by GCC and by clang++-19, each run under every QG_CPU_ISA cap; every
-#      dump must be byte-identical. A cap above this CPU's level changes nothing; the level
-#      each run used is printed.
+#      library built by GCC and by clang++-19, each run under every QG_CPU_ISA cap, and
+#      under the avx512vnni and amx caps once more with the small-M rows kernel on zmm
+#      (QG_CPU_ROWS=zmm); every dump must be byte-identical. A cap above this CPU's level
+#      changes nothing; the level and rows kernel each run used are printed.
 # Usage: .ci/isa_check.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -78,12 +79,15 @@ for lib in "${libs[@]}"; do
     lib_dir=$(cd "$dir" && pwd)
     g++ -O2 -std=c++17 -Iinclude tests/native/int8_dump.cpp -L"$lib_dir" -lquantgemm -Wl,-rpath,"$lib_dir" \
         -o "$out/int8_dump_$lib"
-    for cap in scalar avx2 avx512vnni amx; do
-        log=$(QG_LOG=1 QG_CPU_ISA=$cap "$out/int8_dump_$lib" "$out/int8/${lib}_$cap.bin" 2>&1)
+    for run in scalar avx2 avx512vnni amx avx512vnni/zmm amx/zmm; do
+        cap=${run%/*} rows=ymm
+        [ "$run" != "$cap" ] && rows=${run#*/}
+        log=$(QG_LOG=1 QG_CPU_ISA=$cap QG_CPU_ROWS=$rows "$out/int8_dump_$lib" "$out/int8/${lib}_${cap}_$rows.bin" 2>&1)
         ran=$(sed -n 's/.*cpu int8 isa=\([a-z0-9]*\).*/\1/p' <<<"$log" | head -1)
         vbmi=$(sed -n 's/.*cpu int8: avx512vbmi decoders \(.*\)$/\1/p' <<<"$log" | head -1)
-        echo "int8 path: $lib library, QG_CPU_ISA=$cap ran isa=$ran, avx512vbmi decoders ${vbmi:-not asked}"
+        kernel=$(sed -n 's/.*cpu int8: rows kernel on \(.*\)$/\1/p' <<<"$log" | head -1)
+        echo "int8 path: $lib library, QG_CPU_ISA=$cap QG_CPU_ROWS=$rows ran isa=$ran, rows kernel on ${kernel:-none (not used)}, avx512vbmi decoders ${vbmi:-not asked}"
     done
 done
-compare "$out/int8/gcc_scalar.bin" "$out"/int8/*.bin
+compare "$out/int8/gcc_scalar_ymm.bin" "$out"/int8/*.bin
 exit $status

@@ -36,6 +36,9 @@ X_DTYPES = {"fp32": F32, "fp16": F16, "bf16": BF16}
 FORMATS = list(F.FORMATS)
 EDGE_MS = (1, 2, 3, 5, 8, 16, 17, 33, 300)
 ISA_CAPS = ("scalar", "avx2", "avx512vnni", "amx")  # src/cpu/cpu_isa.h
+# The small-M rows kernel's copies within a level (QG_CPU_ROWS, cpu_isa.h): ymm everywhere,
+# zmm asked for at avx512vnni and up.
+ISA_RUNS = tuple((cap, "ymm") for cap in ISA_CAPS) + (("avx512vnni", "zmm"), ("amx", "zmm"))
 # The float64 reference's own rounding, relative to sum |x w|: K * 2^-53 is far below
 # this for K <= 2^20 (a named slack, not a tolerance of the library).
 F64_SLACK = 2.0 ** -40
@@ -143,17 +146,26 @@ def test_int4_variants_match_model(rng, group_size, symmetric, scale_dtype, int8
                              f"int4 g{group_size} {'sym' if symmetric else 'asym'} m={m}")
 
 
+# Weight rows for tasks of several panels on the small-M path (int8_gemm.h panels_per_task:
+# about 8 tasks a thread, 16-row panels): 41 panels, the last of 8 rows (int4's zero points
+# are packed by 8 rows), give 5 panels a task on 1 thread (a partial last task), 2 on 2, 1
+# on 3 and 5.
+MANY_PANELS_N = 16 * 40 + 8
+
+
 def test_threads_do_not_change_results(rng, int8_ctx, assert_bitwise_equal):
-    """cpu_threads only shares out the weight panels: every count gives the same bits."""
+    """cpu_threads only shares out the weight panels (one or several a task): every count
+    gives the same bits, the model's."""
     for fmt in ("q4_K", "q8_0", "int4"):
-        w, _, _ = make_weight(rng, fmt, 72, 512)
-        for m in (1, 6):
-            x = random_x(rng, m, 512, F16)
-            int8_ctx.set_option("cpu_threads", 1)
-            want = pyquant.gemm(x, w, out_dtype=np.float32)
-            for threads in (2, 3, 5):
-                int8_ctx.set_option("cpu_threads", threads)
-                assert_bitwise_equal(pyquant.gemm(x, w, out_dtype=np.float32), want, f"{fmt} m={m} threads={threads}")
+        for n in (72, MANY_PANELS_N):
+            w, args, kw = make_weight(rng, fmt, n, 512)
+            for m in (1, 6):
+                x = random_x(rng, m, 512, F16)
+                want, _ = model(x, fmt, args, kw, F32)
+                for threads in (1, 2, 3, 5):
+                    int8_ctx.set_option("cpu_threads", threads)
+                    assert_bitwise_equal(pyquant.gemm(x, w, out_dtype=np.float32), want,
+                                         f"{fmt} n={n} m={m} threads={threads}")
             int8_ctx.set_option("cpu_threads", 0)
 
 
@@ -184,14 +196,17 @@ np.savez(sys.argv[2], **out)
 
 
 def test_every_isa_level_gives_the_same_bits(rng, tmp_path, int8_ctx, assert_bitwise_equal):
-    """One fresh process per QG_CPU_ISA cap (the level is chosen once per process), each
-    computing every format at M = 1, 2 (small-M kernels) and 5, 40 (panel kernels); all
-    must equal this process's results (its widest level). A cap above what the machine has
-    changes nothing; the level each child ran is read from its QG_LOG=1 line."""
+    """One fresh process per QG_CPU_ISA cap and rows kernel copy (ISA_RUNS: both are chosen
+    once per process), each computing every format at M = 1, 2 (small-M kernels; N = 40
+    ends in a panel of 8 rows) and 5, 40 (panel kernels), as this process does (its widest
+    level, ymm rows); every result must be the model's (cpu_int8.gemm) bit for bit. A cap
+    above what the machine has changes nothing; the level and rows kernel each child ran
+    are read from its QG_LOG=1 lines, and the zmm copy must have run wherever the level
+    has it."""
     arrays, keys, want = {}, [], {}
     for fmt in FORMATS:
         k = long_k(fmt)
-        w, args, _ = make_weight(rng, fmt, 40, k)
+        w, args, kw = make_weight(rng, fmt, 40, k)
         names = {"int4": ("qweight", "scales", "qzeros"), "mxfp4": ("blocks", "scales")}.get(fmt, ("raw",))
         for name, a in zip(names, args):
             arrays[f"{fmt}/{name}"] = np.zeros(0) if a is None else a
@@ -200,23 +215,35 @@ def test_every_isa_level_gives_the_same_bits(rng, tmp_path, int8_ctx, assert_bit
             x = random_x(rng, m, k, F16)
             arrays[key + "/x"] = x
             keys.append(key)
-            want[key] = pyquant.gemm(x, w, out_dtype=np.float32)
+            want[key], _ = model(x, fmt, args, kw, F32)
+            assert_bitwise_equal(pyquant.gemm(x, w, out_dtype=np.float32), want[key], f"this process: {key}")
     src = tmp_path / "in.npz"
     np.savez(src, keys=json.dumps(keys), **arrays)
     ran = {}
-    for cap in ISA_CAPS:
-        dst = tmp_path / f"{cap}.npz"
-        env = dict(os.environ, QG_CPU_ISA=cap, QG_LOG="1")
+    for cap, rows in ISA_RUNS:
+        run = f"QG_CPU_ISA={cap} QG_CPU_ROWS={rows}"
+        dst = tmp_path / f"{cap}_{rows}.npz"
+        env = dict(os.environ, QG_CPU_ISA=cap, QG_CPU_ROWS=rows, QG_LOG="1")
         p = subprocess.run([sys.executable, "-c", _ISA_CHILD, str(src), str(dst)], env=env,
                            capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, f"QG_CPU_ISA={cap}: child failed:\n{p.stderr[-2000:]}"
-        line = [s for s in p.stderr.splitlines() if "cpu int8 isa=" in s]
-        ran[cap] = line[0].split("isa=")[1].split()[0] if line else "?"
-        assert ran[cap] in ISA_CAPS[:ISA_CAPS.index(cap) + 1], f"QG_CPU_ISA={cap} ran {ran[cap]}"
+        assert p.returncode == 0, f"{run}: child failed:\n{p.stderr[-2000:]}"
+        isa = _logged(p.stderr, "cpu int8 isa=")
+        kernel = _logged(p.stderr, "cpu int8: rows kernel on ")
+        assert isa in ISA_CAPS[:ISA_CAPS.index(cap) + 1], f"{run} ran {isa}"
+        has_zmm = ISA_CAPS.index(isa) >= ISA_CAPS.index("avx512vnni")
+        want_kernel = "zmm" if rows == "zmm" and has_zmm else "ymm" if isa != "scalar" else "?"
+        assert kernel == want_kernel, f"{run} (ran isa={isa}): rows kernel on {kernel}, not {want_kernel}"
+        ran[run] = f"isa={isa} rows={kernel}"
         got = np.load(dst)
         for key in keys:
-            assert_bitwise_equal(got[key], want[key], f"QG_CPU_ISA={cap} (ran {ran[cap]}) {key}")
+            assert_bitwise_equal(got[key], want[key], f"{run} ({ran[run]}) {key}")
     print("isa levels run:", ran)
+
+
+def _logged(stderr: str, prefix: str) -> str:
+    """The first word after prefix in a QG_LOG=1 line, or "?" where no line has it."""
+    line = [s for s in stderr.splitlines() if prefix in s]
+    return line[0].split(prefix)[1].split()[0] if line else "?"
 
 
 # ---------------------------------------------------------------- non-finite input

@@ -183,5 +183,19 @@ bool int8_vbmi() {
     return vbmi;
 }
 
+bool int8_rows_zmm() {
+    static const bool zmm = [] {
+        const char* want = getenv("QG_CPU_ROWS");
+        const bool asked = want != nullptr && strcmp(want, "zmm") == 0;
+        if (want != nullptr && *want != '\0' && !asked && strcmp(want, "ymm") != 0)
+            log_once("cpu int8: QG_CPU_ROWS=%s is not ymm or zmm: ignored", want);
+        const bool on = asked && int8_isa() >= Isa::AVX512_VNNI;
+        log_once("cpu int8: rows kernel on %s%s", on ? "zmm" : "ymm",
+                 asked && !on ? " (QG_CPU_ROWS=zmm needs avx512vnni)" : "");
+        return on;
+    }();
+    return zmm;
+}
+
 }  // namespace cpu
 }  // namespace qg

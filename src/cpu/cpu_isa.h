@@ -27,5 +27,15 @@ const char* isa_name(Isa isa);
 // bits. False where the level is capped below AVX512_VNNI. QG_LOG=1 prints it once.
 bool int8_vbmi();
 
+// The int8 rows kernel (small M, int8_rows.cpp) on zmm, 16 weight rows a pass, instead of
+// ymm, 8 rows a pass: at level AVX512_VNNI and up where QG_CPU_ROWS=zmm asks for it (ymm is
+// the default, QG_CPU_ROWS=ymm the same). The same bits either way. On a Xeon with AMX the
+// zmm copy measured slower at M = 1: 0-32 % warm on one thread, 1-20 % on the bench's cold
+// 14336 x 4096 on 2 threads (bench/NOTES.md, "CPU int8 at M = 1 on a Xeon with AMX": port
+// 1 takes no vector work while 512-bit instructions run, and the 16 row pointers leave
+// general registers short), so it waits for a CPU where it measures faster (Zen 4 / 5 is
+// not measured). QG_LOG=1 prints the choice once, when the rows kernel first runs.
+bool int8_rows_zmm();
+
 }  // namespace cpu
 }  // namespace qg

@@ -38,6 +38,21 @@ inline bool use_int8(const qg_context* ctx) { return ctx == nullptr || ctx->cpu_
 // activations (not tuned: chosen to fit, like the fp32 path's TILE_K).
 constexpr int64_t INT8_TILE_K = 512;
 
+// Panels a parallel task takes, consecutive. The small-M kernel prefetches the rows of its
+// next pass, past a panel's end the next panel's: one panel a task (tasks handed out in
+// turn) left that prefetch to the other thread's panel, and every task began cold. Tasks of
+// consecutive panels, about ROWS_TASKS_PER_THREAD a thread so that the dynamic hand-out
+// still evens out a thread slowed by other load. 14336 x 4096, M = 1, 2 threads, cold, a
+// Xeon (bench/NOTES.md, "CPU int8 at M = 1 on a Xeon with AMX"), median ms, one panel a
+// task -> 16 -> 64: q4_0 2.11 -> 1.62 -> 1.58, q6_K 2.50 -> 1.94 -> 1.89, iq3_xxs 2.84 ->
+// 2.18 -> 2.15; all of a thread's panels in one task (448) as fast, but up to 2x slower
+// whenever other load stalled a thread. The panel kernels (M > rows_max_m()) keep one panel a task:
+// they decode into a panel first, and their M rows of work hide the rows' latency.
+constexpr int64_t ROWS_TASKS_PER_THREAD = 8;
+inline int64_t panels_per_task(bool small_m, int64_t n_panels, int threads) {
+    return small_m ? std::max<int64_t>(1, n_panels / ((int64_t)threads * ROWS_TASKS_PER_THREAD)) : 1;
+}
+
 // Per-thread buffers of one panel.
 struct PanelScratch {
     std::vector<int8_t> rows, codes;  // [PANEL_ROWS][INT8_TILE_K], [INT8_TILE_K / 32][512]
@@ -83,7 +98,7 @@ void int8_gemm(const qg_context* ctx, Int8Kind kind, int64_t M, int64_t N, int64
     for (int64_t m0 = 0; m0 < M; m0 += M_BLOCK) {
         const int64_t mb = std::min(M_BLOCK, M - m0);
         quantize_activations(x_dtype, (const char*)x + m0 * ldx * esize, ldx, mb, K, threads, &act);
-        parallel_for(n_panels, threads, [&](int64_t t, int) {
+        const auto panel = [&](int64_t t) {
             thread_local PanelScratch s;
             const int64_t n0 = t * PANEL_ROWS;
             const int R = (int)std::min<int64_t>(PANEL_ROWS, N - n0);
@@ -95,7 +110,7 @@ void int8_gemm(const qg_context* ctx, Int8Kind kind, int64_t M, int64_t N, int64
             if (small_m) {
                 const Q8Rows xr{act.q.data(), act.dx.data(), act.dS.data(), act.S.data(), act.S16.data(),
                                 K,            K / Q8_BLOCK,  mb};
-                for (int g0 = 0; g0 < R; g0 += ROWS_GROUP) rows_kernel(src, g0, K, xr, acc, ok);
+                rows_kernel(src, R, K, xr, acc, ok);
             }
             for (int64_t k0 = 0; !small_m && k0 < K; k0 += INT8_TILE_K) {
                 const int64_t kc = std::min(INT8_TILE_K, K - k0), nb = kc / Q8_BLOCK;
@@ -122,6 +137,10 @@ void int8_gemm(const qg_context* ctx, Int8Kind kind, int64_t M, int64_t N, int64
                 for (int r = 0; r < R; ++r)
                     if (ok[r]) store(m0 + i, n0 + r, acc[i * PANEL_ROWS + r]);
             }
+        };
+        const int64_t per_task = panels_per_task(small_m, n_panels, threads);
+        parallel_for((n_panels + per_task - 1) / per_task, threads, [&](int64_t task, int) {
+            for (int64_t t = task * per_task; t < std::min(n_panels, (task + 1) * per_task); ++t) panel(t);
         });
         // the fp32-exact path for rows of x holding NaN or inf: all of their outputs
         if (!act.all_finite) {

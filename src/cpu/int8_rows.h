@@ -1,8 +1,9 @@
-// The int8 path's AVX2 decoders (int8_rows.cpp), one per format, reading weight rows in
-// their own layout, 8 at a time, into registers. Two uses, with the panel path's
-// arithmetic (int8_kernels.h) and so the same bits:
+// The int8 path's row decoders (int8_rows.cpp), one per format, reading weight rows in
+// their own layout, a pass of 8 (ymm) or 16 (zmm) at a time, into registers. Two uses, with
+// the panel path's arithmetic (int8_kernels.h) and so the same bits:
 //   rows_kernel: small M, the decoded codes multiplied at once (no panel);
-//   panel_fill:  a 16-row panel for the panel kernels, decoded and interleaved in one pass.
+//   panel_fill:  a 16-row panel for the panel kernels, decoded and interleaved in one pass
+//                (AVX2, 8 rows at a time).
 // AVX2 and up; rows_available() says whether this process has them (else the portable
 // decoders of int8_decode.h and panel_interleave serve every M).
 #pragma once
@@ -15,7 +16,7 @@
 namespace qg {
 namespace cpu {
 
-constexpr int ROWS_GROUP = 8;  // weight rows per decoder pass
+constexpr int ROWS_GROUP = 8;  // weight rows per pass of the ymm decoders (zmm: PANEL_ROWS)
 // Activation rows per pass of rows_kernel; each weight block is decoded once per pass.
 constexpr int ROWS_M = 2;
 
@@ -28,10 +29,10 @@ bool rows_available();
 int64_t rows_max_m();
 
 // The weight rows of one panel (PANEL_ROWS of them; rows past the weight's last repeat it),
-// in the format's own layout. The codes' pointers go on for the next panel's first
-// ROWS_GROUP rows (SRC_ROWS in all; past the weight's last row, the last), which the
-// decoders only prefetch.
-constexpr int SRC_ROWS = PANEL_ROWS + ROWS_GROUP;
+// in the format's own layout. The codes' pointers go on for the next panel's rows
+// (SRC_ROWS in all; past the weight's last row, the last), which the decoders only
+// prefetch: a pass prefetches the rows a pass further on.
+constexpr int SRC_ROWS = 2 * PANEL_ROWS;
 template <class Block>
 struct GgufSrc {
     const uint8_t* row[SRC_ROWS];  // row starts
@@ -58,17 +59,18 @@ struct PanelOut {
     int32_t* sub;
 };
 
-// rows_kernel: acc[m * PANEL_ROWS + r] (m < x.m, r in [g0, g0 + 8)) continues with weight
-// rows g0 .. g0 + 7 of src over all of K; ok[r] &= every scale of row r is finite.
+// rows_kernel: acc[m * PANEL_ROWS + r] (m < x.m, r < count, the panel's real rows; rows
+// up to the pass's end may be computed too, repeating the last) continues with weight row r
+// of src over all of K; ok[r] &= every scale of row r is finite.
 // panel_fill: k in [k0, k0 + kc) of the 16 rows into out; ok as above.
 #define QG_X(NAME, BLOCK, ELEMS)                                                                         \
-    void rows_kernel(const GgufSrc<BLOCK>& src, int g0, int64_t K, const Q8Rows& x, float* acc, bool* ok); \
+    void rows_kernel(const GgufSrc<BLOCK>& src, int count, int64_t K, const Q8Rows& x, float* acc, bool* ok); \
     void panel_fill(const GgufSrc<BLOCK>& src, int64_t k0, int64_t kc, const PanelOut& out, bool* ok);
 QG_GGUF_FORMATS(QG_X)
 #undef QG_X
-void rows_kernel(const Mxfp4Src& src, int g0, int64_t K, const Q8Rows& x, float* acc, bool* ok);
+void rows_kernel(const Mxfp4Src& src, int count, int64_t K, const Q8Rows& x, float* acc, bool* ok);
 void panel_fill(const Mxfp4Src& src, int64_t k0, int64_t kc, const PanelOut& out, bool* ok);
-void rows_kernel(const Int4Src& src, int g0, int64_t K, const Q8Rows& x, float* acc, bool* ok);
+void rows_kernel(const Int4Src& src, int count, int64_t K, const Q8Rows& x, float* acc, bool* ok);
 void panel_fill(const Int4Src& src, int64_t k0, int64_t kc, const PanelOut& out, bool* ok);
 
 }  // namespace cpu
