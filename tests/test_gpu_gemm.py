@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import pyquant
-from conftest import assert_elementwise, one_hot_case, registry_formats
+from conftest import Guarded, assert_elementwise, one_hot_case, registry_formats
 from pyquant import _lib, tiers
 from pyquant import formats as F
 from pyquant.formats import bf16_tile, gguf_frag, int4, int4_frag, int8_act, reference
@@ -462,7 +462,6 @@ def test_w4a16_gpu_prefill_stream_k(rng, gpu_ctx, waves, poisoned_output, assert
 def _staged_equals_rounded_fp32(gpu_ctx, xd, wd, m, n, x_dt, label, assert_bitwise_equal):
     """y of x's 16-bit type in a 16-byte-aligned guarded buffer (the prefill's staged epilogue)
     against the same call's float32 output rounded once to x's type: bit for bit."""
-    from conftest import Guarded
     g = Guarded(m, n, x_dt, device_ctx=gpu_ctx, aligned=True)
     pyquant.gemm(xd, wd, out=g.y)
     y16 = g.value()
