@@ -502,6 +502,59 @@ __device__ __forceinline__ void store_dense(WgAcc<BN>& acc, const PrefillParams&
         store_tile<BN>(acc, p, tok0, rb);
 }
 
+// The grouped (MoE) epilogue through shared memory, for its fp32 pair rows (the launcher's y,
+// 16-byte aligned rows): the tile's token rows of 128 fp32 (padded by 16 bytes: the stores of
+// a warp's lanes, rows g and tokens 2 t, fall in 32 distinct banks), then each thread copies
+// 16-byte pieces (4 weight rows of one gathered token) to the token's output row, the
+// expert's bias added: 16 pieces a thread at 128 tokens, where the element-wise form did 64
+// stores, each behind its own out_rows load and four tests. Rows past N and the padding rows
+// of a part (n % part_rows >= part_valid) are not stored, nor tokens whose out_rows entry is
+// outside [0, out_limit). All threads of the block call it; the x ring must be idle.
+constexpr int PF_STAGE_STRIDE_F32 = PF_ROWS * 4 + 16;
+
+template <int BN>
+__device__ __forceinline__ void store_grouped_staged(const WgAcc<BN>& acc, const PrefillParams& p,
+                                                     unsigned char* stage, int tok0, int rb, int64_t b0) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    __syncthreads();  // every warp's wgmmas have read their last x tile
+    // d[4 j + i]: token 8 j + 2 t + (i & 1), row 16 warp + g + 8 (i >> 1)
+    const uint32_t base = smem_addr(stage) + 2 * t * PF_STAGE_STRIDE_F32 + (16 * warp + g) * 4;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            sts32_at(base + (8 * j + (i & 1)) * PF_STAGE_STRIDE_F32 + 32 * (i >> 1), acc.d[4 * j + i]);
+    __syncthreads();
+    // thread tid: rows 4 (tid % 32) .. + 3 of token rows tid / 32 + 8 it (a warp: one 512-byte row)
+    const int piece = tid & 31, row0 = tid >> 5;
+    const int n = (rb - warp) * 16 + 4 * piece;
+    bool in[4];
+    float bias4[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        in[e] = n + e < p.n && (n + e) % p.part_rows < p.part_valid;
+        bias4[e] = in[e] ? bias_at(p.bias, b0 + n + e) : 0.0f;
+    }
+    const bool whole = in[0] && in[1] && in[2] && in[3];
+    const uint32_t src = smem_addr(stage) + row0 * PF_STAGE_STRIDE_F32 + 16 * piece;
+#pragma unroll 4
+    for (int it = 0; it < BN / 8; ++it) {
+        const int row = p.out_rows[tok0 + row0 + 8 * it];
+        if (row < 0 || row >= p.out_limit) continue;
+        const uint4 v = lds128_at(src + it * 8 * PF_STAGE_STRIDE_F32);
+        const float o[4] = {__uint_as_float(v.x) + bias4[0], __uint_as_float(v.y) + bias4[1],
+                            __uint_as_float(v.z) + bias4[2], __uint_as_float(v.w) + bias4[3]};
+        float* dst = static_cast<float*>(p.y) + static_cast<int64_t>(row) * p.ldy + n;
+        if (whole) {
+            *reinterpret_cast<float4*>(dst) = make_float4(o[0], o[1], o[2], o[3]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (in[e]) dst[e] = o[e];
+        }
+    }
+}
+
 // A block's partial-sum slot (stream-K): BN / 8 float4 per thread, thread-minor, so that every
 // store and load of a slot is 16 consecutive bytes a lane.
 template <int BN>
@@ -604,7 +657,8 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
 
     const XRing ring{smem_addr(smem), smem_addr(full), smem_addr(empty)};
     // dense tiles stage their output through the x ring where y is 16-bit x-typed and 16-byte aligned
-    static_assert(BN * PF_STAGE_STRIDE <= Sm::BAR_OFF, "the staged output tile fits in the x ring");
+    static_assert(BN * PF_STAGE_STRIDE <= Sm::BAR_OFF && BN * PF_STAGE_STRIDE_F32 <= Sm::BAR_OFF,
+                  "the staged output tiles fit in the x ring");
     const bool y_staged =
         p.y_type == XT && (reinterpret_cast<uintptr_t>(p.y) & 15) == 0 && (p.ldy & 7) == 0;
     WgAcc<BN> acc;
@@ -619,8 +673,12 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
             return;
         }
         // grouped: scattered rows, the expert's bias, no padded column
-        const int n0 = rb * 16 + g;
         const int64_t b0 = expert * p.bias_stride;
+        if (p.y_type == ELEM_F32 && (reinterpret_cast<uintptr_t>(p.y) & 15) == 0 && (p.ldy & 3) == 0) {
+            store_grouped_staged<BN>(acc, p, smem, tok0, rb, b0);
+            return;
+        }
+        const int n0 = rb * 16 + g;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j)
 #pragma unroll

@@ -98,6 +98,10 @@ __device__ __forceinline__ uint4 lds128_at(uint32_t addr) {
                  : "memory");
     return v;
 }
+// A float into shared memory by address.
+__device__ __forceinline__ void sts32_at(uint32_t addr, float v) {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
 // Orders this thread's generic-proxy accesses of shared memory before later async-proxy ones
 // (a TMA copy into the same bytes: PTX ISA "Proxies", fence.proxy.async).
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }

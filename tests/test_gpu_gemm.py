@@ -340,6 +340,34 @@ def test_w4a16_gpu_prefill_forced_tile(rng, gpu_ctx, tile, x_dt, scale_dt, poiso
         gpu_ctx.set_option("split_k", 0)
 
 
+@pytest.mark.parametrize("group_size,symmetric", [(128, False), (32, True)], ids=["g128_asym", "g32_sym"])
+@pytest.mark.parametrize("tile", [64, 128, 256])
+def test_w4a16_gpu_prefill_many_chunks(rng, gpu_ctx, tile, group_size, symmetric, poisoned_output, assert_close):
+    """The prefill's chunk pipeline (registers loaded two chunks ahead, the x ring's stages and
+    mbarrier phases running on across a block's stream-K segments) over many more chunks than
+    its slots and stages: K = 19 x 128 (an odd chunk count, so that slots and phases wrap
+    unevenly), G = 128 asym and G = 32 sym, whole tiles and split_k 5 (stream-K: a block runs
+    several segments), N = 264 (warps of the second row tile past N), M = 300, bf16 x folded:
+    against the numpy reference."""
+    _need_prefill(gpu_ctx)
+    name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
+    n, k, m = 264, 19 * 128, 300
+    w = random_int4(rng, n, k, group_size, symmetric, BF16)
+    wd = w.to_device(gpu_ctx, layout="frag")
+    x = random_x(rng, m, k, BF16)
+    xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+    gpu_ctx.set_option("prefill_tile", tile)
+    try:
+        for split in (0, 5):
+            gpu_ctx.set_option("split_k", split)
+            y = _force(gpu_ctx, "w4a16", name, lambda: _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32))
+            check_w4a16(y, x, w, F32, f"w4a16 prefill chunks tile {tile} split_k {split} g{group_size} m={m}",
+                        assert_close, "forced", tile_forced=True)
+    finally:
+        gpu_ctx.set_option("prefill_tile", 0)
+        gpu_ctx.set_option("split_k", 0)
+
+
 def test_w4a16_gpu_prefill_large(rng, gpu_ctx, poisoned_output, assert_close):
     """Many row and token tiles: N = 4104 (33 row tiles, the last partial), K = 2048, M = 517
     (5 tiles of 128 tokens, the last partial), under auto (which picks prefill here)."""
