@@ -39,6 +39,12 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
 
+// ldtilecfg with the whole 64 bytes as its operand: GCC 12's _tile_loadconfig names only
+// the first 8 (an "m" operand of *(const void**)), so its dead-store elimination may drop
+// the rows / colsb stores (it did in a non-inlined configure() at -O2: every tile 0 x 0,
+// and the first tileloadd raised SIGILL).
+QG_AMX inline void load_tile_config(const TileConfig& c) { __asm__ volatile("ldtilecfg %0" ::"m"(c)); }
+
 QG_AMX void configure() {
     TileConfig c;
     memset(&c, 0, sizeof c);
@@ -46,7 +52,7 @@ QG_AMX void configure() {
     for (int t = 0; t < 2; ++t) c.rows[t] = 16, c.colsb[t] = 64;                 // C
     for (int t = 2; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = Q8_BLOCK;           // A
     c.rows[4] = GROUPS, c.colsb[4] = PANEL_ROWS * 4;                             // B
-    _tile_loadconfig(&c);
+    load_tile_config(c);
 }
 
 template <int OFF, bool MW>
