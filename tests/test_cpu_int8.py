@@ -146,6 +146,29 @@ def test_int4_variants_match_model(rng, group_size, symmetric, scale_dtype, int8
                              f"int4 g{group_size} {'sym' if symmetric else 'asym'} m={m}")
 
 
+def test_q6_K_sums_at_their_bound(rng, int8_ctx, poisoned_output, assert_bitwise_equal):
+    """q6_K's block sum D = sc0 h0 + sc1 h1 at its largest: every code -32 (quant 0), every
+    sub-block scale -128, activation codes +-127 (x of +-1, one sign a 16-element half, one
+    row all +1): |h| = 16 * 32 * 127, |D| up to 2 * 128 * 65024 = 16646144 < 2^24, which the
+    AMX kernel forms in float32 (int8_amx.cpp sub_update) and the others in int32. M = 64
+    (two tile passes) and 33 (one, then AVX-512 VNNI) on a CPU with AMX; bit for bit the
+    model's either way."""
+    n, k = 37, 1280
+    raw = np.zeros((n, k // 256, 210), dtype=np.uint8)  # ql = qh = 0: quant 0, code -32
+    raw[:, :, 192:208] = np.uint8(0x80)                # scales: int8 -128
+    raw[:, :, 208:210] = np.array([2.0 ** -10], dtype=F16).view(np.uint8)  # d
+    raw = raw.reshape(n, -1)
+    w = pyquant.from_gguf("q6_K", raw, shape=(n, k))
+    for m in (1, 5, 33, 64):
+        signs = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=(m, k // 16))
+        signs[0] = 1.0
+        x = np.repeat(signs, 16, axis=1).astype(F16)
+        want, fallback = model(x, "q6_K", (raw,), {}, F32)
+        assert not fallback.any()
+        assert np.abs(want[0]).max() > 0, "the all +1 row reaches the bound"
+        assert_bitwise_equal(gemm_guarded(x, w, F32, poisoned_output), want, f"q6_K at the bound m={m}")
+
+
 # Weight rows for tasks of several panels on the small-M path (int8_gemm.h panels_per_task:
 # about 8 tasks a thread, 16-row panels): 41 panels, the last of 8 rows (int4's zero points
 # are packed by 8 rows), give 5 panels a task on 1 thread (a partial last task), 2 on 2, 1

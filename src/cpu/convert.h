@@ -92,6 +92,16 @@ inline void store_float(qg_dtype dt, void* p, int64_t i, float v) {
     }
 }
 
+// Size in bytes of one element of a float-like or integer dtype (U4X8: one word).
+inline int dtype_bytes(qg_dtype dt) {
+    switch (dt) {
+        case QG_DTYPE_F16:
+        case QG_DTYPE_BF16: return 2;
+        case QG_DTYPE_U8: return 1;
+        default: return 4;
+    }
+}
+
 // The last step of every dense CPU GEMM: y[m * ldy + n] = v (+ bias[n]), v the output's
 // float32 sum, the bias added in float32, then one rounding to y's dtype.
 struct OutputStore {
@@ -103,6 +113,26 @@ struct OutputStore {
     void operator()(int64_t m, int64_t n, float v) const {
         if (bias != nullptr) v += load_float(bias_dtype, bias, n);
         store_float(y_dtype, y, m * ldy + n, v);
+    }
+    // y[m, n0 .. n0 + count - 1] = v[0 .. count - 1]: the values operator() stores, with the
+    // bias test and the dtype switch taken once for the row.
+    void row(int64_t m, int64_t n0, const float* v, int count) const {
+        if (bias != nullptr) {
+            for (int i = 0; i < count; ++i) (*this)(m, n0 + i, v[i]);
+            return;
+        }
+        const int64_t at = m * ldy + n0;
+        if (y_dtype == QG_DTYPE_F16) {
+            for (int i = 0; i < count; ++i) ((uint16_t*)y)[at + i] = f32_to_f16(v[i]);
+        } else if (y_dtype == QG_DTYPE_BF16) {
+            for (int i = 0; i < count; ++i) ((uint16_t*)y)[at + i] = f32_to_bf16(v[i]);
+        } else {
+            memcpy((float*)y + at, v, (size_t)count * sizeof(float));
+        }
+    }
+    // Asks for y[m * ldy + n]'s cache line, for writing, ahead of its stores.
+    void prefetch(int64_t m, int64_t n) const {
+        __builtin_prefetch((const char*)y + (m * ldy + n) * dtype_bytes(y_dtype), 1, 3);
     }
 };
 template <class Args>
@@ -120,16 +150,6 @@ inline void to_float_row(qg_dtype dt, const void* src, int64_t n, float* dst) {
         for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
     } else {
         memcpy(dst, src, (size_t)n * sizeof(float));
-    }
-}
-
-// Size in bytes of one element of a float-like or integer dtype (U4X8: one word).
-inline int dtype_bytes(qg_dtype dt) {
-    switch (dt) {
-        case QG_DTYPE_F16:
-        case QG_DTYPE_BF16: return 2;
-        case QG_DTYPE_U8: return 1;
-        default: return 4;
     }
 }
 

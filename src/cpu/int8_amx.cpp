@@ -4,12 +4,17 @@
 // rows: two A tiles (16 rows x the block's 32 codes each), one B tile, two C tiles of
 // int32 block sums D (tdpbssd for signed codes, tdpbsud for the unsigned ones, minus
 // offset * S), stored and then scaled with AVX-512 in the arithmetic of int8_kernels.h:
-// exact D, the same float32 steps, so the same bits as every other level. q6_K (two
-// integer sub-block scales per block) stays on AVX-512 VNNI.
+// exact D, the same float32 steps, so the same bits as every other level. q6_K (an
+// integer scale per 16-element half of a block) takes each half apart: tiles of K = 16
+// (dot_amx_sub), its two exact half sums times their scales, exactly, as on AVX-512 VNNI.
 //
-// Tiles: tmm0, tmm1 = C (16 x 16 int32), tmm2, tmm3 = A (16 x 32 bytes), tmm4 = B (8 x 64 bytes)
-// (palette 1; the Intel AMX chapter of the Intel SDM, vol. 1). Each call loads its tile
-// configuration and releases the tiles on return.
+// Tiles (palette 1; the Intel AMX chapter of the Intel SDM, vol. 1):
+//   dot_amx_rows: tmm0, tmm1 = C (16 x 16 int32), tmm2, tmm3 = A (16 x 32 bytes), tmm4 = B
+//                 (8 x 64 bytes);
+//   dot_amx_sub:  tmm0..3 = C (activation rows 0-15 / 16-31 x half 0 / 1), tmm4, tmm5 = A
+//                 (16 x 16 bytes: one half), tmm6, tmm7 = B (4 x 64 bytes: the half's 4
+//                 k4 groups).
+// Each call loads its tile configuration and releases the tiles on return.
 #include "cpu/int8_kernels.h"
 
 #if QG_INT8_HAVE_AMX
@@ -39,20 +44,29 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
 
-QG_AMX void configure() {
+// ldtilecfg with the whole 64 bytes as its operand: GCC 12's _tile_loadconfig names only
+// the first 8 (an "m" operand of *(const void**)), so its dead-store elimination may drop
+// the rows / colsb stores (it did in a non-inlined configure() at -O2: every tile 0 x 0,
+// and the first tileloadd raised SIGILL).
+QG_AMX inline void load_tile_config(const TileConfig& c) { __asm__ volatile("ldtilecfg %0" ::"m"(c)); }
+
+// Loads a palette-1 configuration of tiles 0 .. n - 1, tile t rows[t] x colsb[t] bytes.
+QG_AMX void configure(int n, const uint8_t* rows, const uint16_t* colsb) {
     TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette_id = 1;
-    for (int t = 0; t < 2; ++t) c.rows[t] = 16, c.colsb[t] = 64;                 // C
-    for (int t = 2; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = Q8_BLOCK;           // A
-    c.rows[4] = GROUPS, c.colsb[4] = PANEL_ROWS * 4;                             // B
-    _tile_loadconfig(&c);
+    for (int t = 0; t < n; ++t) c.rows[t] = rows[t], c.colsb[t] = colsb[t];
+    load_tile_config(c);
 }
+
+constexpr int HALF = Q8_BLOCK / 2;  // elements of K per q6_K sub-block scale
 
 template <int OFF, bool MW>
 QG_AMX void dot_amx_rows(const Panel& p, const Q8Rows& x, int64_t rows, float* acc) {
     alignas(64) int32_t d[AMX_MIN_M * PANEL_ROWS];
-    configure();
+    static const uint8_t rows_of[] = {16, 16, 16, 16, GROUPS};                            // C C A A B
+    static const uint16_t colsb_of[] = {64, 64, Q8_BLOCK, Q8_BLOCK, PANEL_ROWS * 4};
+    configure(5, rows_of, colsb_of);
     for (int64_t m0 = 0; m0 < rows; m0 += AMX_MIN_M) {
         for (int64_t b = 0; b < p.nb; ++b) {
             _tile_loadd(2, x.q + m0 * x.ldq + b * Q8_BLOCK, x.ldq);
@@ -87,11 +101,83 @@ QG_AMX void dot_amx_rows(const Panel& p, const Q8Rows& x, int64_t rows, float* a
     _tile_release();
 }
 
+// q6_K (signed codes, a sub-block scale per half): per block, the exact int32 sums of its
+// halves h0, h1 (tdpbssd on K = 16), D = sc0 * h0 + sc1 * h1 in int32 (|D| < 2^24,
+// int8_kernels.h), then the float32 steps. dot_vnni_rows forms the same h0, h1 (as
+// (w + 128) * q minus 128 * S16) and the same D: the same bits.
+// q6_K, one block b: tiles 0..3 = the exact int32 sums h of its two halves (tdpbssd on
+// K = 16: both operands signed), activation rows 0-15 / 16-31 of q.
+QG_AMX inline void sub_tiles(const int8_t* q, int64_t ldq, const int8_t* wb /* block b's codes */) {
+    _tile_loadd(6, wb, PANEL_ROWS * 4);                          // k4 groups 0..3: half 0
+    _tile_loadd(7, wb + PANEL_BLOCK_BYTES / 2, PANEL_ROWS * 4);  // k4 groups 4..7: half 1
+    _tile_loadd(4, q, ldq);
+    _tile_loadd(5, q + 16 * ldq, ldq);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 5, 6);
+    _tile_loadd(4, q + HALF, ldq);
+    _tile_loadd(5, q + 16 * ldq + HALF, ldq);
+    _tile_dpbssd(2, 4, 7);
+    _tile_dpbssd(3, 5, 7);
+}
+
+// The float32 steps of block b for activation rows m0 .. m0 + 31 from the half sums
+// h[u][i][r]. D = sc0 h0 + sc1 h1 is formed in float32, exactly: |h| <= 16 * 32 * 127
+// (q6_K codes -32..31, activation codes -127..127), |sc| <= 128, so each product and their
+// sum are integers below 2^24 and float(D) is that sum -- the value dot_vnni_rows
+// converts from its int32 D (vpmulld, 2 uops on one port a row and half, was the slower
+// form: 3.3 against 2.8 ns a row and block, one thread, bench/NOTES.md session 38).
+QG_AMX inline void sub_update(const int32_t (*h)[AMX_MIN_M * PANEL_ROWS], const Panel& p, const Q8Rows& x,
+                              int64_t m0, int64_t b, float* acc) {
+    // the scales sit in both 16-bit halves of p.sub (for vpmaddwd): the high one, signed
+    const __m512 sc0 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_loadu_si512(p.sub + 2 * b * PANEL_ROWS), 16));
+    const __m512 sc1 =
+        _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_loadu_si512(p.sub + (2 * b + 1) * PANEL_ROWS), 16));
+    const __m512 sw = _mm512_loadu_ps(p.sw + b * PANEL_ROWS);
+    for (int i = 0; i < AMX_MIN_M; ++i) {
+        const int64_t m = m0 + i;
+        const __m512 d = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(h[0] + i * PANEL_ROWS)), sc0),
+                                       _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(h[1] + i * PANEL_ROWS)), sc1));
+        const __m512 s = _mm512_mul_ps(sw, _mm512_set1_ps(x.dx[m * x.lds + b]));
+        const __m512 a = _mm512_loadu_ps(acc + m * PANEL_ROWS);
+        _mm512_storeu_ps(acc + m * PANEL_ROWS, _mm512_add_ps(a, _mm512_mul_ps(d, s)));
+    }
+}
+
+// q6_K on tiles. Block b + 1's tile work is issued before block b's float steps, so that
+// the tile unit and the vector units overlap (2.8 against 3.0 ns a row and block).
+QG_AMX void dot_amx_sub(const Panel& p, const Q8Rows& x, int64_t rows, float* acc) {
+    alignas(64) int32_t h[2][AMX_MIN_M * PANEL_ROWS];  // [half][activation row][weight row]
+    static const uint8_t rows_of[] = {16, 16, 16, 16, 16, 16, HALF / 4, HALF / 4};     // C C C C A A B B
+    static const uint16_t colsb_of[] = {64, 64, 64, 64, HALF, HALF, PANEL_ROWS * 4, PANEL_ROWS * 4};
+    configure(8, rows_of, colsb_of);
+    for (int64_t m0 = 0; m0 < rows; m0 += AMX_MIN_M) {
+        const int8_t* q = x.q + m0 * x.ldq;
+        sub_tiles(q, x.ldq, p.codes);
+        for (int64_t b = 0; b < p.nb; ++b) {
+            _tile_stored(0, h[0], PANEL_ROWS * 4);
+            _tile_stored(1, h[0] + 16 * PANEL_ROWS, PANEL_ROWS * 4);
+            _tile_stored(2, h[1], PANEL_ROWS * 4);
+            _tile_stored(3, h[1] + 16 * PANEL_ROWS, PANEL_ROWS * 4);
+            if (b + 1 < p.nb) sub_tiles(q + (b + 1) * Q8_BLOCK, x.ldq, p.codes + (b + 1) * PANEL_BLOCK_BYTES);
+            sub_update(h, p, x, m0, b, acc);
+        }
+    }
+    _tile_release();
+}
+
 }  // namespace
 
-// The kinds without sub-block scales (int8_decode.h); false if it cannot serve this one.
+// Every kind of int8_decode.h; false if it cannot serve this one.
 QG_AMX bool panel_dot_amx(Int8Kind kind, const Panel& p, const Q8Rows& x, int64_t rows, float* acc) {
-    if (kind.sub) return false;
+    if (kind.sub) {
+        if (kind.offset >= 0 || kind.mw) return false;  // q6_K's codes are signed, no min term
+        dot_amx_sub(p, x, rows, acc);
+        return true;
+    }
 #define QG_K(OFF, MW)                                   \
     if (kind.offset == OFF && kind.mw == MW) {          \
         dot_amx_rows<OFF, MW>(p, x, rows, acc);         \

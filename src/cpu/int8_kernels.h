@@ -98,7 +98,7 @@ void panel_dot(Int8Kind kind, const Panel& p, const Q8Rows& x, float* acc);
 // tiles from this M on, on the rows [0, M - M % AMX_MIN_M); AVX-512 VNNI takes the rest.
 constexpr int AMX_MIN_M = 32;
 // panel_dot on AMX tiles for activation rows [0, rows), rows % AMX_MIN_M == 0; false (and
-// nothing done) for a kind it does not serve (q6_K's sub-block scales).
+// nothing done) for a kind it does not serve (one the formats do not use).
 bool panel_dot_amx(Int8Kind kind, const Panel& p, const Q8Rows& x, int64_t rows, float* acc);
 
 // Row-major codes [PANEL_ROWS][ld] (blocks [0, nb) of each row) -> panel codes.
