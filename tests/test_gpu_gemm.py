@@ -314,6 +314,28 @@ def test_w4a16_gpu_prefill(rng, gpu_ctx, x_dt, group_size, symmetric, scale_dt, 
                     f"scales={scale_dt} y={y_dt} m={m}", assert_close, "forced")
 
 
+def _check_forced_tile(gpu_ctx, rng, poisoned_output, assert_close, w, x_dt, m, tile, splits, what):
+    """The prefill tier forced, its prefill_tile option set to `tile`, at each split_k of
+    `splits` (0: the plan's own grid), on weight w and random x of m rows, against the numpy
+    reference as the auto plan's calls are (check_w4a16); the options are undone afterwards."""
+    _need_prefill(gpu_ctx)
+    name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
+    n, k = w.shape
+    wd = w.to_device(gpu_ctx, layout="frag")
+    x = random_x(rng, m, k, x_dt)
+    xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+    gpu_ctx.set_option("prefill_tile", tile)
+    try:
+        for split in splits:
+            gpu_ctx.set_option("split_k", split)
+            y = _force(gpu_ctx, "w4a16", name, lambda: _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32))
+            check_w4a16(y, x, w, F32, f"w4a16 prefill {what} tile {tile} split_k {split} m={m}",
+                        assert_close, "forced", tile_forced=True)
+    finally:
+        gpu_ctx.set_option("prefill_tile", 0)
+        gpu_ctx.set_option("split_k", 0)
+
+
 @pytest.mark.parametrize("x_dt,scale_dt", [(BF16, BF16), (F16, BF16)], ids=["fold", "grp"])
 @pytest.mark.parametrize("tile", [64, 128, 256])
 def test_w4a16_gpu_prefill_forced_tile(rng, gpu_ctx, tile, x_dt, scale_dt, poisoned_output, assert_close):
@@ -321,23 +343,8 @@ def test_w4a16_gpu_prefill_forced_tile(rng, gpu_ctx, tile, x_dt, scale_dt, poiso
     folds into A, else 128) on its own and with split_k 3, at M = 300 (ragged in every tile),
     N = 264 (the second row tile partial), K = 1024 with G = 64 asym: against the numpy
     reference as the auto plan's calls are (check_w4a16)."""
-    _need_prefill(gpu_ctx)
-    name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
-    n, k, m, g = 264, 1024, 300, 64
-    w = random_int4(rng, n, k, g, False, scale_dt)
-    wd = w.to_device(gpu_ctx, layout="frag")
-    x = random_x(rng, m, k, x_dt)
-    xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
-    gpu_ctx.set_option("prefill_tile", tile)
-    try:
-        for split in (0, 3):
-            gpu_ctx.set_option("split_k", split)
-            y = _force(gpu_ctx, "w4a16", name, lambda: _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32))
-            check_w4a16(y, x, w, F32, f"w4a16 prefill tile {tile} split_k {split} x={x_dt} m={m}",
-                        assert_close, "forced", tile_forced=True)
-    finally:
-        gpu_ctx.set_option("prefill_tile", 0)
-        gpu_ctx.set_option("split_k", 0)
+    w = random_int4(rng, 264, 1024, 64, False, scale_dt)
+    _check_forced_tile(gpu_ctx, rng, poisoned_output, assert_close, w, x_dt, 300, tile, (0, 3), f"x={x_dt}")
 
 
 @pytest.mark.parametrize("group_size,symmetric", [(128, False), (32, True)], ids=["g128_asym", "g32_sym"])
@@ -349,23 +356,9 @@ def test_w4a16_gpu_prefill_many_chunks(rng, gpu_ctx, tile, group_size, symmetric
     unevenly), G = 128 asym and G = 32 sym, whole tiles and split_k 5 (stream-K: a block runs
     several segments), N = 264 (warps of the second row tile past N), M = 300, bf16 x folded:
     against the numpy reference."""
-    _need_prefill(gpu_ctx)
-    name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
-    n, k, m = 264, 19 * 128, 300
-    w = random_int4(rng, n, k, group_size, symmetric, BF16)
-    wd = w.to_device(gpu_ctx, layout="frag")
-    x = random_x(rng, m, k, BF16)
-    xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
-    gpu_ctx.set_option("prefill_tile", tile)
-    try:
-        for split in (0, 5):
-            gpu_ctx.set_option("split_k", split)
-            y = _force(gpu_ctx, "w4a16", name, lambda: _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32))
-            check_w4a16(y, x, w, F32, f"w4a16 prefill chunks tile {tile} split_k {split} g{group_size} m={m}",
-                        assert_close, "forced", tile_forced=True)
-    finally:
-        gpu_ctx.set_option("prefill_tile", 0)
-        gpu_ctx.set_option("split_k", 0)
+    w = random_int4(rng, 264, 19 * 128, group_size, symmetric, BF16)
+    _check_forced_tile(gpu_ctx, rng, poisoned_output, assert_close, w, BF16, 300, tile, (0, 5),
+                       f"chunks g{group_size}")
 
 
 def test_w4a16_gpu_prefill_large(rng, gpu_ctx, poisoned_output, assert_close):

@@ -101,12 +101,9 @@ QG_AMX void dot_amx_rows(const Panel& p, const Q8Rows& x, int64_t rows, float* a
     _tile_release();
 }
 
-// q6_K (signed codes, a sub-block scale per half): per block, the exact int32 sums of its
-// halves h0, h1 (tdpbssd on K = 16), D = sc0 * h0 + sc1 * h1 in int32 (|D| < 2^24,
-// int8_kernels.h), then the float32 steps. dot_vnni_rows forms the same h0, h1 (as
-// (w + 128) * q minus 128 * S16) and the same D: the same bits.
 // q6_K, one block b: tiles 0..3 = the exact int32 sums h of its two halves (tdpbssd on
-// K = 16: both operands signed), activation rows 0-15 / 16-31 of q.
+// K = 16: both operands signed), activation rows 0-15 / 16-31 of q. dot_vnni_rows forms the
+// same h0, h1 (as (w + 128) * q minus 128 * S16), so sub_update's D is its D: the same bits.
 QG_AMX inline void sub_tiles(const int8_t* q, int64_t ldq, const int8_t* wb /* block b's codes */) {
     _tile_loadd(6, wb, PANEL_ROWS * 4);                          // k4 groups 0..3: half 0
     _tile_loadd(7, wb + PANEL_BLOCK_BYTES / 2, PANEL_ROWS * 4);  // k4 groups 4..7: half 1
