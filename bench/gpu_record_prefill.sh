@@ -21,7 +21,7 @@ echo "w4a16 record rc=$? $((SECONDS - t0)) s"
 tail -40 "$OUT/rec_w4a16.log"
 t0=$SECONDS
 # shellcheck disable=SC2086  # REC2 is a list of bench arguments
-[ "${T2:-240}" -gt 0 ] && timeout "${T2:-240}" python3 -m pyquant bench ${REC2:---family gguf,mxfp4 --format q8_0,q4_0,q4_K,q6_K,iq4_xs,mxfp4 \
+[ "${T2:-240}" -gt 0 ] && timeout "${T2:-240}" python3 -m pyquant bench ${REC2:---family gguf,mxfp4 --format q8_0,q4_0,q4_K,q6_K,iq4_xs,iq3_xxs,mxfp4 \
     --variant bf16 --shape 43008x5376,5376x21504 --m 512,517,2048} --budget 0.1 \
     --record "$OUT/golden_prefill_other.json" > "$OUT/rec_other.log" 2>&1
 echo "gguf / mxfp4 record rc=$? $((SECONDS - t0)) s"

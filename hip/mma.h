@@ -122,30 +122,40 @@ __device__ __forceinline__ void e2m1_word(uint32_t w, uint32_t (&a)[4]) {
     }
 }
 
-// IQ4_NL / IQ4_XS codebook indices -> values. The 16 values + 128 (1..241) are four words of
-// bytes, and one byte lookup of four indices is two byte permutes (entries 0-7, 8-15) and a
-// third choosing per byte by the index's bit 3 (as ggml-cuda's table lookups do).
-__host__ __device__ constexpr uint32_t iq4_table_word(int i) {
+// 4-bit codes that index a 16-entry codebook -> values: IQ4_NL / IQ4_XS's (BOOK_IQ4NL) and
+// IQ3_XXS's frag codes, its 8 grid magnitudes and their negatives (BOOK_IQ3XXS, code = magnitude
+// index | sign << 3: src/formats/gguf_frag.h). The 16 values + 128 are four words of bytes, and
+// one byte lookup of four indices is two byte permutes (entries 0-7, 8-15) and a third choosing
+// per byte by the index's bit 3 (as ggml-cuda's table lookups do).
+enum Codebook { BOOK_IQ4NL = 0, BOOK_IQ3XXS = 1 };
+__host__ __device__ constexpr int codebook_value(int book, int i) {
     constexpr int kv[16] = QG_KVALUES_IQ4NL;
-    return static_cast<uint32_t>(kv[4 * i] + 128) | static_cast<uint32_t>(kv[4 * i + 1] + 128) << 8 |
-           static_cast<uint32_t>(kv[4 * i + 2] + 128) << 16 | static_cast<uint32_t>(kv[4 * i + 3] + 128) << 24;
+    constexpr int mag[8] = {4, 12, 20, 28, 36, 44, 52, 62};
+    return book == BOOK_IQ4NL ? kv[i] : i < 8 ? mag[i] : -mag[i - 8];
 }
-__device__ __forceinline__ uint32_t iq4_lookup4(uint32_t idx) {  // the 4 indices in bits 0..15
+__host__ __device__ constexpr uint32_t codebook_table_word(int book, int i) {
+    return static_cast<uint32_t>(codebook_value(book, 4 * i) + 128) |
+           static_cast<uint32_t>(codebook_value(book, 4 * i + 1) + 128) << 8 |
+           static_cast<uint32_t>(codebook_value(book, 4 * i + 2) + 128) << 16 |
+           static_cast<uint32_t>(codebook_value(book, 4 * i + 3) + 128) << 24;
+}
+template <int BOOK>
+__device__ __forceinline__ uint32_t codebook_lookup4(uint32_t idx) {  // the 4 indices in bits 0..15
     const uint32_t i = idx & 0x7777u;
-    const uint32_t lo = __byte_perm(iq4_table_word(0), iq4_table_word(1), i);
-    const uint32_t hi = __byte_perm(iq4_table_word(2), iq4_table_word(3), i);
+    const uint32_t lo = __byte_perm(codebook_table_word(BOOK, 0), codebook_table_word(BOOK, 1), i);
+    const uint32_t hi = __byte_perm(codebook_table_word(BOOK, 2), codebook_table_word(BOOK, 3), i);
     return __byte_perm(lo, hi, ((idx >> 1) & 0x4444u) | 0x3210u);
 }
 
-// One IQ4_XS frag word (8 indices in the W4A16 nibble order) -> the four A registers of its
+// One codebook frag word (8 indices in the W4A16 nibble order) -> the four A registers of its
 // k16 step, each pair (index p, index p + 4) as its two codebook values, exact: the value
 // + 128 as a byte b under an exponent bias. fp16: 1024 + b (one lop3), minus 1152. bf16 spaces
 // 128..255 one apart, so 128 + (b & 127) less 128 (b >= 128: the value >= 0) or 256 (b < 128),
 // the subtrahend's bit 7 being b's bit 7 inverted (one lop3 each). Per word 13 instructions of
 // lookup, then 3 (fp16) or 4 (bf16) a register.
-template <int XT>
-__device__ __forceinline__ void iq4_word(uint32_t w, uint32_t (&a)[4]) {
-    const uint32_t v0 = iq4_lookup4(w), v1 = iq4_lookup4(w >> 16);  // b of indices 0-3, 4-7
+template <int XT, int BOOK>
+__device__ __forceinline__ void codebook_word(uint32_t w, uint32_t (&a)[4]) {
+    const uint32_t v0 = codebook_lookup4<BOOK>(w), v1 = codebook_lookup4<BOOK>(w >> 16);  // indices 0-3, 4-7
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
         const uint32_t t = __byte_perm(v0, v1, p | ((p + 4) << 8));  // b of index p, p + 4 at bytes 0, 2
@@ -191,20 +201,27 @@ __device__ __forceinline__ void q8_word(uint32_t w, uint32_t& r0, uint32_t& r1) 
     }
 }
 
-// A GGUF super-block format's group (CODE_Q4_K, CODE_IQ4_XS of hip/w4a16_kernels.h) for a lane's
-// rows g (lo) and g + 8 (hi): weight = s * value - b, from the group's record word (row g's
-// 16 bits low, g + 8's high) and the super-block's fp16 words dm (d; Q4_K's dmin). Q4_K:
-// s = d * sc, b = dmin * m, value = q; IQ4_XS: s = d * (ls - 32), b = 0, value = kvalues[q].
-// Every product is exact in float32 (11 x 6 bits), as the gguf package's are.
+// A GGUF super-block format's group (CODE_Q4_K, CODE_IQ4_XS, CODE_IQ3_XXS of hip/w4a16_kernels.h)
+// for a lane's rows g (lo) and g + 8 (hi): weight = s * value - b, from the group's record word
+// (row g's 16 bits low, g + 8's high) and the super-block's fp16 words dm (d; Q4_K's dmin).
+// SUPER_Q4_K: s = d * sc, b = dmin * m, value = q; SUPER_IQ4_XS: s = d * (ls - 32), b = 0,
+// value = kvalues[q]; SUPER_IQ3_XXS: s = (d * (0.5 + ls)) * 0.5, b = 0, value = the signed grid
+// magnitude. Every product is exact in float32 (11 x 6 bits; IQ3_XXS 11 x 5 bits, then the
+// power of two), as the gguf package's are.
 struct SuperGroup {
     float s_lo, s_hi, b_lo, b_hi;
 };
-template <bool Q4_K>
+enum SuperScale { SUPER_Q4_K = 0, SUPER_IQ4_XS = 1, SUPER_IQ3_XXS = 2 };
+template <int SUPER>
 __device__ __forceinline__ SuperGroup superblock_group(uint32_t rec, uint2 dm) {
     const float d_lo = __half2float(__ushort_as_half(static_cast<unsigned short>(dm.x & 0xffffu)));
     const float d_hi = __half2float(__ushort_as_half(static_cast<unsigned short>(dm.x >> 16)));
     SuperGroup q;
-    if (Q4_K) {
+    if (SUPER == SUPER_IQ3_XXS) {
+        q.s_lo = (d_lo * (0.5f + static_cast<float>(rec & 0xffu))) * 0.5f;
+        q.s_hi = (d_hi * (0.5f + static_cast<float>((rec >> 16) & 0xffu))) * 0.5f;
+        q.b_lo = q.b_hi = 0.0f;
+    } else if (SUPER == SUPER_Q4_K) {
         q.s_lo = d_lo * static_cast<float>(rec & 0xffu);
         q.s_hi = d_hi * static_cast<float>((rec >> 16) & 0xffu);
         q.b_lo = __half2float(__ushort_as_half(static_cast<unsigned short>(dm.y & 0xffffu))) *

@@ -259,8 +259,8 @@ __global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? 1 : 2) decode
                     const uint32_t w = (ks % 4 == 0) ? wt.x : (ks % 4 == 1) ? wt.y : (ks % 4 == 2) ? wt.z : wt.w;
                     if constexpr (CODE == CODE_E2M1)
                         e2m1_word<XT>(w, a);
-                    else if constexpr (CODE == CODE_IQ4_XS)
-                        iq4_word<XT>(w, a);
+                    else if constexpr (codebook_codes(CODE))
+                        codebook_word<XT, codebook_of(CODE)>(w, a);
                     else
                         dequant_word<XT>(w, zp[r], a);
                 }
@@ -272,11 +272,11 @@ __global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? 1 : 2) decode
             }
             if (has_superblocks(CODE) && (ks + 1) % STEPS_PER_GROUP == 0) {
                 // the group closes: acc += s * sum(value x) - b * sum(x) (superblock_group; IQ4_XS,
-                // Q6_K: b = 0; Q6_K's 16-element group: half ks % 2 of the record)
+                // IQ3_XXS, Q6_K: b = 0; Q6_K's 16-element group: half ks % 2 of the record)
 #pragma unroll
                 for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
                     const SuperGroup q = CODE == CODE_Q6_K ? q6_group(d.s[r][c], d.dm[r], ks % 2)
-                                                           : superblock_group<CODE == CODE_Q4_K>(d.s[r][c], d.dm[r]);
+                                                           : superblock_group<super_scale_of(CODE)>(d.s[r][c], d.dm[r]);
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -432,30 +432,28 @@ const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, in
         return reinterpret_cast<const void*>(&decode_frag<XT, MT, G, ASYM, CODE_INT4>);
     QG_W4A16_FRAG_KERNELS(QG_CASE)
 #undef QG_CASE
-#define QG_CASE(XT, MT)                                                                      \
-    if (code == CODE_E2M1 && x_type == XT && mt == MT && group_size == 32 && !asym)         \
-        return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_E2M1>);
+// the G = 32 codes without zero-points, each through its list (QG_CODE: the code at hand)
+#define QG_CASE(XT, MT)                                                                    \
+    if (code == QG_CODE && x_type == XT && mt == MT && group_size == 32 && !asym)         \
+        return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, QG_CODE>);
+#define QG_CODE CODE_E2M1
     QG_MXFP4_FRAG_KERNELS(QG_CASE)
-#undef QG_CASE
-#define QG_CASE(XT, MT)                                                                      \
-    if (code == CODE_Q4_K && x_type == XT && mt == MT && group_size == 32 && !asym)         \
-        return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_Q4_K>);
+#undef QG_CODE
+#define QG_CODE CODE_Q4_K
     QG_Q4_K_FRAG_KERNELS(QG_CASE)
-#undef QG_CASE
-#define QG_CASE(XT, MT)                                                                      \
-    if (code == CODE_IQ4_XS && x_type == XT && mt == MT && group_size == 32 && !asym)       \
-        return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_IQ4_XS>);
+#undef QG_CODE
+#define QG_CODE CODE_IQ4_XS
     QG_IQ4_XS_FRAG_KERNELS(QG_CASE)
-#undef QG_CASE
-#define QG_CASE(XT, MT)                                                                      \
-    if (code == CODE_Q8_0 && x_type == XT && mt == MT && group_size == 32 && !asym)         \
-        return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_Q8_0>);
+#undef QG_CODE
+#define QG_CODE CODE_Q8_0
     QG_Q8_0_FRAG_KERNELS(QG_CASE)
-#undef QG_CASE
-#define QG_CASE(XT, MT)                                                                      \
-    if (code == CODE_Q6_K && x_type == XT && mt == MT && group_size == 32 && !asym)         \
-        return reinterpret_cast<const void*>(&decode_frag<XT, MT, 32, false, CODE_Q6_K>);
+#undef QG_CODE
+#define QG_CODE CODE_Q6_K
     QG_Q6_K_FRAG_KERNELS(QG_CASE)
+#undef QG_CODE
+#define QG_CODE CODE_IQ3_XXS
+    QG_IQ3_XXS_FRAG_KERNELS(QG_CASE)
+#undef QG_CODE
 #undef QG_CASE
     return nullptr;
 }

@@ -27,12 +27,23 @@ namespace w4a16 {
 // d * q, G = 32, the scale words Q4_0's fp16 d; its weights plane is the byte plane of
 // src/formats/gguf_frag.h, twice the nibble plane), or a GGUF Q6_K byte (q - 32 of weight
 // (d * sc) * (q - 32): Q8_0's byte plane with Q4_K's records, two int8 scales sc of 16
-// elements each, and super-block words d; its groups are 16 elements). The frag kernels serve
-// all six; the code-to-A-register step and the group's epilogue differ.
-enum WeightCode { CODE_INT4 = 0, CODE_E2M1 = 1, CODE_Q4_K = 2, CODE_IQ4_XS = 3, CODE_Q8_0 = 4, CODE_Q6_K = 5 };
+// elements each, and super-block words d; its groups are 16 elements), or a GGUF IQ3_XXS code (a
+// signed grid magnitude's index into its codebook, IQ4_XS's planes otherwise: the weight is
+// ((d * (0.5 + ls)) * 0.5) * value). The frag kernels serve all seven; the code-to-A-register step
+// and the group's epilogue differ.
+enum WeightCode {
+    CODE_INT4 = 0, CODE_E2M1 = 1, CODE_Q4_K = 2, CODE_IQ4_XS = 3, CODE_Q8_0 = 4, CODE_Q6_K = 5, CODE_IQ3_XXS = 6
+};
 // The codes whose scale words are records with super-block words (src/formats/gguf_frag.h).
 __host__ __device__ constexpr bool has_superblocks(int code) {
-    return code == CODE_Q4_K || code == CODE_IQ4_XS || code == CODE_Q6_K;
+    return code == CODE_Q4_K || code == CODE_IQ4_XS || code == CODE_Q6_K || code == CODE_IQ3_XXS;
+}
+// The codes that index a 16-entry codebook (hip/mma.h codebook_word), and which one.
+__host__ __device__ constexpr bool codebook_codes(int code) { return code == CODE_IQ4_XS || code == CODE_IQ3_XXS; }
+__host__ __device__ constexpr int codebook_of(int code) { return code == CODE_IQ3_XXS ? 1 : 0; }  // BOOK_*
+// A super-block code's group scale (hip/mma.h superblock_group's SUPER_*; Q6_K has its own, q6_group).
+__host__ __device__ constexpr int super_scale_of(int code) {
+    return code == CODE_Q4_K ? 0 : code == CODE_IQ3_XXS ? 2 : 1;
 }
 // The codes of the byte plane (int8 codes, two k16 steps a 16-byte load).
 __host__ __device__ constexpr bool byte_codes(int code) { return code == CODE_Q8_0 || code == CODE_Q6_K; }
@@ -174,6 +185,7 @@ const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, in
 #define QG_IQ4_XS_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
 #define QG_Q8_0_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
 #define QG_Q6_K_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
+#define QG_IQ3_XXS_FRAG_KERNELS(X) QG_MXFP4_FRAG_KERNELS(X)
 
 // ---------------------------------------------------------------- prefill_wgmma (frag, sm_90a)
 // Thread block: 2 warpgroups (8 warps); warp w owns row block w of the block's 128 weight
@@ -235,9 +247,10 @@ struct PrefillSmem {
 // (q - z) * lo, exact, and one fused multiply-add (q - z) * hi + that: the same single
 // rounding of the exact product, two instructions a register instead of one. fp16 x keeps the
 // fp32 group scale (FOLD_NONE: 15 s can overflow fp16 where fp32 does not). GGUF Q4_K and
-// IQ4_XS, Q8_0 and Q6_K (FOLD_FP32, either x type) compute each weight as the gguf package does in
-// float32, (d * sc) * q - dmin * m (the product exact, so one fused multiply-add rounds as its
-// multiply and subtract do), (d * (ls - 32)) * kvalues[q], d * q (exact: 11 x 8 bits) or
+// IQ4_XS, Q8_0, Q6_K and IQ3_XXS (FOLD_FP32, either x type) compute each weight as the gguf package
+// does in float32, (d * sc) * q - dmin * m (the product exact, so one fused multiply-add rounds as
+// its multiply and subtract do), (d * (ls - 32)) * kvalues[q], ((d * (0.5 + ls)) * 0.5) * grid *
+// sign (exact: 11 x 5 x 6 bits), d * q (exact: 11 x 8 bits) or
 // (d * sc) * (q - 32) (exact: 11 x 8 x 6 bits), rounded
 // once to x's type (bf16, or fp16, which overflows to inf only past 65504). Q8_0 cannot take
 // FOLD_F16: q * lo has 8 + 3 significant bits, more than bf16's 8. The launcher's plan and the kernel list below both
@@ -282,6 +295,7 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
 #define QG_IQ4_XS_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
 #define QG_Q8_0_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
 #define QG_Q6_K_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
+#define QG_IQ3_XXS_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
 #endif
 
 // ---------------------------------------------------------------- repack (canonical -> frag)
@@ -299,7 +313,7 @@ struct RepackParams {
                               // interleaved gate / up rows: 2); 0 or 1: dense (W4A16: always)
     const uint8_t* gguf;      // GGUF blocks of a frag format (qweight and scales unused), N rows of
     int64_t ldw;              // stride ldw bytes, read by src/formats/gguf_frag.h; else nullptr
-    int gguf_format;          // QG_FORMAT_Q8_0, Q4_0, Q4_K, IQ4_XS or Q6_K (Q8_0, Q6_K: the byte plane)
+    int gguf_format;          // QG_FORMAT_Q8_0 .. IQ3_XXS (Q8_0, Q6_K: the byte plane)
 };
 constexpr int REPACK_THREADS = 256;
 __global__ void repack_frag_weights(const RepackParams p);   // one thread per output word

@@ -196,22 +196,22 @@ __device__ __forceinline__ uint32_t pack_x2(float lo, float hi) {
     }
 }
 
-// FOLD_FP32 (CODE_Q4_K, CODE_IQ4_XS, CODE_Q8_0, CODE_Q6_K): the A registers of half h's four k16 steps,
-// each weight s * value - b in float32 as the gguf package computes it (superblock_group: Q4_K's
-// (d * sc) * q - dmin * m, where the product is exact so one fused multiply-add rounds as its
-// multiply and subtract do; IQ4_XS's (d * (ls - 32)) * kvalues[q], b = 0: the fma is the
-// multiply; scale_group: Q8_0's d * q, b = 0; q6_group: Q6_K's (d * sc) * (q - 32), b = 0, sc of
+// FOLD_FP32 (CODE_Q4_K, CODE_IQ4_XS, CODE_Q8_0, CODE_Q6_K, CODE_IQ3_XXS): the A registers of half
+// h's four k16 steps, each weight s * value - b in float32 as the gguf package computes it
+// (superblock_group: Q4_K's (d * sc) * q - dmin * m, where the product is exact so one fused
+// multiply-add rounds as its multiply and subtract do; IQ4_XS's (d * (ls - 32)) * kvalues[q] and
+// IQ3_XXS's ((d * (0.5 + ls)) * 0.5) * value, b = 0: the fma is the multiply; scale_group: Q8_0's d * q, b = 0; q6_group: Q6_K's (d * sc) * (q - 32), b = 0, sc of
 // the 16-element half j % 2) rounded once to x's type. Step j is in group 2h + j / 2; register p
 // of a step is row g (p even) or g + 8 (odd), its values made exact fp16 pairs (the W4A16
 // dequant with z = 0 of the nibbles at bits 4p and 16 + 4p, Marlin's two pairs a shift;
-// iq4_word's codebook lookup; q8_word on words 2 (j % 2), + 1 of 32-k tile 2h + j / 2) and
+// codebook_word's lookup; q8_word on words 2 (j % 2), + 1 of 32-k tile 2h + j / 2) and
 // widened to float32 (HADD2.F32).
 template <int XT, int CODE, int GC>
 __device__ __forceinline__ void float32_tile(uint32_t (&a)[4][4], const Chunk<GC, chunk_loads(CODE)>& c, int h) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const SuperGroup q32 = CODE == CODE_Q8_0 ? scale_group(c.s[2 * h + half])
-                                                 : superblock_group<CODE == CODE_Q4_K>(c.s[2 * h + half], c.dm);
+                                                 : superblock_group<super_scale_of(CODE)>(c.s[2 * h + half], c.dm);
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             const int j = 2 * half + jj;
@@ -228,7 +228,7 @@ __device__ __forceinline__ void float32_tile(uint32_t (&a)[4][4], const Chunk<GC
                 if constexpr (CODE == CODE_Q4_K)
                     dequant_word<ELEM_F16>(word, zero_pairs<ELEM_F16>(0u, 0u), v);
                 else
-                    iq4_word<ELEM_F16>(word, v);
+                    codebook_word<ELEM_F16, codebook_of(CODE)>(word, v);
             }
 #pragma unroll
             for (int p = 0; p < 4; ++p) {
@@ -621,7 +621,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     static_assert(FOLD == FOLD_NONE || FOLD == FOLD_FP32 || XT == ELEM_BF16,
                   "the fold multiplies bf16 A registers by their scales");
     static_assert(float32_weights(CODE) == (FOLD == FOLD_FP32),
-                  "Q4_K's, IQ4_XS's and Q8_0's weights are computed in float32 (FOLD_FP32)");
+                  "the GGUF codes' weights are computed in float32 (FOLD_FP32)");
     static_assert(BN < 256 || FOLD, "a 256-token tile leaves no registers for the group sums");
     typedef PrefillSmem<BN> Sm;
     constexpr int STAGES = Sm::STAGES;
@@ -737,29 +737,26 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
                          &prefill_wgmma<XT, BN, 32, false, CODE_E2M1, prefill_fold(XT, ELEM_BF16), false>);
     QG_MXFP4_PREFILL_KERNELS(QG_CASE)
 #undef QG_CASE
+// the GGUF codes (FOLD_FP32), each through its list (QG_CODE: the code at hand)
 #define QG_CASE(XT, BN)                                                                                     \
-    if (code == CODE_Q4_K && x_type == XT && bn == BN && group_size == 32 && !asym)                         \
-        return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q4_K, FOLD_FP32, true>) \
-                        : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q4_K, FOLD_FP32, false>);
+    if (code == QG_CODE && x_type == XT && bn == BN && group_size == 32 && !asym)                           \
+        return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, QG_CODE, FOLD_FP32, true>) \
+                        : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, QG_CODE, FOLD_FP32, false>);
+#define QG_CODE CODE_Q4_K
     QG_Q4_K_PREFILL_KERNELS(QG_CASE)
-#undef QG_CASE
-#define QG_CASE(XT, BN)                                                                                     \
-    if (code == CODE_IQ4_XS && x_type == XT && bn == BN && group_size == 32 && !asym)                       \
-        return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_IQ4_XS, FOLD_FP32, true>) \
-                        : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_IQ4_XS, FOLD_FP32, false>);
+#undef QG_CODE
+#define QG_CODE CODE_IQ4_XS
     QG_IQ4_XS_PREFILL_KERNELS(QG_CASE)
-#undef QG_CASE
-#define QG_CASE(XT, BN)                                                                                     \
-    if (code == CODE_Q8_0 && x_type == XT && bn == BN && group_size == 32 && !asym)                         \
-        return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q8_0, FOLD_FP32, true>) \
-                        : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q8_0, FOLD_FP32, false>);
+#undef QG_CODE
+#define QG_CODE CODE_Q8_0
     QG_Q8_0_PREFILL_KERNELS(QG_CASE)
-#undef QG_CASE
-#define QG_CASE(XT, BN)                                                                                     \
-    if (code == CODE_Q6_K && x_type == XT && bn == BN && group_size == 32 && !asym)                         \
-        return stream_k ? reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q6_K, FOLD_FP32, true>) \
-                        : reinterpret_cast<const void*>(&prefill_wgmma<XT, BN, 32, false, CODE_Q6_K, FOLD_FP32, false>);
+#undef QG_CODE
+#define QG_CODE CODE_Q6_K
     QG_Q6_K_PREFILL_KERNELS(QG_CASE)
+#undef QG_CODE
+#define QG_CODE CODE_IQ3_XXS
+    QG_IQ3_XXS_PREFILL_KERNELS(QG_CASE)
+#undef QG_CODE
 #undef QG_CASE
     return nullptr;
 }

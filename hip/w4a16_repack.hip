@@ -6,11 +6,14 @@
 
 #include "compat.h"
 #include "formats/gguf_frag.h"
+#include "formats/iq_tables.h"
 #include "formats/w4a16_frag.h"
 #include "w4a16_kernels.h"
 
 namespace qg {
 namespace w4a16 {
+
+__constant__ uint32_t c_repack_iq3xxs_grid[256] = QG_IQ3XXS_GRID;  // IQ3_XXS's codes (gguf_frag.h)
 
 // Output word (rb, kt, lane, s): 8 nibbles from rows g and g+8 of the row block, k 16s + 2t
 // (+1) and + 8 (+9) of the tile: two canonical words per row (k/8 = 8kt + 2s and + 1).
@@ -48,8 +51,8 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const Repa
         const int64_t k = kt * frag::kKTile + frag::nibble_k(lane, s, j);
         if (n < p.n && k < p.k) {
             uint32_t q;
-            if (p.gguf != nullptr) {  // GGUF Q4_0 / Q4_K / IQ4_XS: the code straight from its block
-                const gguf_frag::FragFormat ff(p.gguf_format);
+            if (p.gguf != nullptr) {  // GGUF Q4_0 / Q4_K / IQ4_XS / IQ3_XXS: the code from its block
+                const gguf_frag::FragFormat ff(p.gguf_format, c_repack_iq3xxs_grid);
                 q = ff.code(p.gguf + n * p.ldw + (k / ff.elems) * ff.bytes, static_cast<int>(k % ff.elems));
             } else {
                 const uint32_t w = p.qweight[source_row(p, n) * (p.k / 8) + k / 8];
@@ -62,7 +65,7 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const Repa
 }
 
 // Output record (rb, kc, g, c): the scales of rows g and g+8 for group kc * GC + c (W4A16:
-// copied; MXFP4: E8M0 bytes as bf16; GGUF Q4_0, Q8_0: each block's d; Q4_K / IQ4_XS: each
+// copied; MXFP4: E8M0 bytes as bf16; GGUF Q4_0, Q8_0: each block's d; Q4_K / IQ4_XS / IQ3_XXS: each
 // sub-block's record, and where kc is even and c = 0 the super-block's fields), and their zero
 // byte.
 __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_scales(const RepackParams p) {

@@ -63,8 +63,9 @@ extern "C" {
  * (2: the W4A16 frag layout of qg_w4a16_repack; 3: the MXFP4 frag layout of qg_mxfp4_repack;
  * 4: the MoE frag layout of qg_moe_repack; 5: the GGUF frag layout of qg_gguf_repack;
  * 6: Q4_K and IQ4_XS in that layout; 7: Q8_0 in that layout, a byte plane; 8: Q6_K in that
- * layout, its codes less 32 in the byte plane). */
-#define QG_FORMAT_VERSION 8
+ * layout, its codes less 32 in the byte plane; 9: IQ3_XXS in that layout, a codebook's 4-bit
+ * codes). */
+#define QG_FORMAT_VERSION 9
 
 /* ------------------------------------------------------------------ status */
 
@@ -299,7 +300,7 @@ QG_API qg_status qg_w4a16_repack(qg_context* ctx, const qg_w4a16_repack_args* ar
  */
 typedef enum qg_gguf_layout QG_ENUM_BASE {
     QG_GGUF_LAYOUT_BLOCKS = 0, /* the .gguf blocks, N rows of stride ldw, above */
-    QG_GGUF_LAYOUT_FRAG = 1    /* qg_gguf_repack's planes (Q8_0, Q4_0, Q4_K, IQ4_XS, Q6_K): the W4A16 frag planes of
+    QG_GGUF_LAYOUT_FRAG = 1    /* qg_gguf_repack's planes (every GGUF format): the W4A16 frag planes of
                                   G = 32 (docs/gguf-layout.md, "The frag layout"), read by the
                                   W4A16 frag decode and prefill kernels */
 } qg_gguf_layout;
@@ -331,8 +332,7 @@ QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg
 /*
  * One-time repack of a GGUF weight (the .gguf blocks) into `layout` (QG_GGUF_LAYOUT_FRAG), in
  * the memory of ctx (host for a CPU context, device for a GPU one: a kernel on `stream`).
- * Q8_0, Q4_0, Q4_K, IQ4_XS and Q6_K so far; both planes keep every bit of the blocks
- * (docs/gguf-layout.md):
+ * Every GGUF format; both planes keep every bit of the blocks (docs/gguf-layout.md):
  *   out_w:      the W4A16 frag qweight plane of the 4-bit codes q; Q8_0: its byte plane of the
  *               int8 codes (twice that size: per 16 rows x 32 k, each lane's 16 bytes are its
  *               mma.m16n8k16 A registers of two k16 steps); Q6_K: that byte plane of q - 32;
@@ -342,14 +342,16 @@ QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg
  *               6-bit integers as uint16), then the fp16 bits of each super-block's d and dmin;
  *               IQ4_XS: the same with the record ls and the fields d and 0 (its codes are the
  *               codebook indices); Q6_K: the same with the record sc[2j] | sc[2j + 1] << 8
- *               (the int8 scales of the sub-block's two 16-element halves) and d and 0.
+ *               (the int8 scales of the sub-block's two 16-element halves) and d and 0;
+ *               IQ3_XXS: IQ4_XS's planes, each code the element's grid magnitude index
+ *               ((grid - 4) / 8: 4, 12, .., 52, 62 -> 0..7) | its sign << 3, the record ls.
  * N is padded to a multiple of 16 and K to a multiple of 128 with q = 0 and scale 0, which add
  * exactly nothing. The outputs must not overlap the input.
  */
 typedef struct qg_gguf_repack_args {
     size_t size;            /* sizeof(qg_gguf_repack_args) */
     qg_gguf_layout layout;  /* target: QG_GGUF_LAYOUT_FRAG */
-    qg_format format;       /* QG_FORMAT_Q8_0, Q4_0, Q4_K, IQ4_XS or Q6_K */
+    qg_format format;       /* QG_FORMAT_Q8_0 .. QG_FORMAT_IQ3_XXS */
     int64_t n, k;           /* K % 32 == 0 */
     const void* w;          /* N rows of blocks, row stride ldw bytes (even) */
     int64_t ldw;

@@ -511,10 +511,10 @@ class GGUFWeight(_TwoLayouts):
     a .gguf file stores them. A numpy `raw` whose rows are padded (row stride > row bytes) is
     passed with that stride as ldw.
 
-    layout="frag" (q8_0, q4_0, q4_K, iq4_xs and q6_K; made by .repack() or .to_device() on a GPU
+    layout="frag" (every GGUF format; made by .repack() or .to_device() on a GPU
     context; pyquant.formats.gguf_frag, docs/gguf-layout.md): raw is the int32 weights plane (q8_0's
     and q6_K's hold bytes, twice the others' size) and scales the scales plane that qg_gguf_repack
-    writes (float16 for q4_0 and q8_0, uint16 for q4_K, iq4_xs and q6_K: gguf_frag.scales_dtype),
+    writes (float16 for q4_0 and q8_0, uint16 for q4_K, iq4_xs, q6_K and iq3_xxs: gguf_frag.scales_dtype),
     the W4A16 frag planes of G = 32 that the GPU decode and prefill
     kernels read (fp16 or bf16 x there; fp32 x takes the block layout). Requires shape=(N, K).
 
@@ -646,7 +646,7 @@ class GGUFWeight(_TwoLayouts):
     def to_device(self, ctx: Context | None = None, layout: str = "auto", stream=None,
                   row_align: int | None = 16):
         """The same weight in `ctx` (default_context()). layout="auto" gives a GPU context the
-        frag layout for q8_0, q4_0, q4_K, iq4_xs and q6_K (gguf_frag.AUTO_FRAG: repacked there, on
+        frag layout for every GGUF format (gguf_frag.AUTO_FRAG: repacked there, on
         `stream`: what the GPU decode and prefill kernels read) and keeps the layout otherwise;
         "canonical" or "frag" asks for one. A canonical weight's rows start `row_align` bytes after the previous one
         (blocks unchanged; the zero padding is never read), so that the GPU decode tier copies

@@ -371,10 +371,12 @@ qg_status check_gguf_rows(const GgufFormat* f, int64_t k, int64_t ldw) {
     return QG_OK;
 }
 
-// The frag layout of a GGUF format (qg_gguf_repack): Q8_0, Q4_0, Q4_K, IQ4_XS and Q6_K so far.
+// The frag layout of a GGUF format (qg_gguf_repack): every GGUF format has one since IQ3_XXS's;
+// the check keeps a format added later without one from reaching the repacks.
 qg_status check_gguf_frag_format(const GgufFormat* f) {
     QG_CHECK(qg::gguf_frag::has_frag_layout(f->format),
-             "format=%s has no frag layout yet (QG_GGUF_LAYOUT_FRAG: q8_0, q4_0, q4_K, iq4_xs and q6_K only)", f->name);
+             "format=%s has no frag layout yet (QG_GGUF_LAYOUT_FRAG: q8_0, q4_0, q4_K, iq4_xs, q6_K and iq3_xxs only)",
+             f->name);
     return QG_OK;
 }
 

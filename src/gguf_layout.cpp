@@ -1,4 +1,4 @@
-// GGUF weight layouts on the host: the CPU repack of Q8_0, Q4_0, Q4_K, IQ4_XS and Q6_K blocks into the frag layout
+// GGUF weight layouts on the host: the CPU repack of Q8_0, Q4_0, Q4_K, IQ4_XS, Q6_K and IQ3_XXS blocks into the frag layout
 // (qg_gguf_repack on a CPU context) and its inverse, which lets the CPU tier serve a
 // frag-layout call. The frag planes are the W4A16 ones of G = 32 (src/formats/gguf_frag.h);
 // pyquant/formats/gguf_frag.py is the specification the tests hold both directions to, byte
@@ -10,6 +10,7 @@
 #include <new>
 
 #include "formats/gguf_frag.h"
+#include "formats/iq_tables.h"
 #include "formats/w4a16_frag.h"
 #include "frag_planes.h"
 #include "tiers.h"
@@ -18,6 +19,47 @@ namespace qg {
 namespace {
 
 using gguf_frag::kGroup;
+
+const uint32_t kIq3xxsGrid[256] = QG_IQ3XXS_GRID;
+
+// IQ3_XXS's inverse: the grid index of 4 magnitude indices m0 | m1 << 3 | m2 << 6 | m3 << 9, or -1
+// where the grid has no such entry.
+struct Iq3GridIndex {
+    int16_t of[4096];
+    Iq3GridIndex() {
+        for (int16_t& v : of) v = -1;
+        for (int i = 0; i < 256; ++i) {
+            int key = 0;
+            for (int j = 0; j < 4; ++j) key |= static_cast<int>((((kIq3xxsGrid[i] >> (8 * j)) & 255u) - 4u) >> 3) << (3 * j);
+            of[key] = static_cast<int16_t>(i);
+        }
+    }
+};
+
+// One IQ3_XXS block from its 256 frag codes, 8 records and d; false (the block partly written)
+// where the codes or records are none a block gives (see src/formats/gguf_frag.h).
+bool iq3_xxs_put(uint8_t* block, const uint8_t* codes, const uint16_t (&rec)[8], uint16_t d) {
+    static const Iq3GridIndex grid;
+    gguf_frag::put_f16_at(block, 0, d);
+    for (int q = 0; q < 64; ++q) {  // grid index q: elements 4 q .. 4 q + 3
+        int key = 0;
+        for (int j = 0; j < 4; ++j) key |= (codes[4 * q + j] & 7) << (3 * j);
+        if (grid.of[key] < 0) return false;
+        block[gguf_frag::kIQ3_XXSGrid + q] = static_cast<uint8_t>(grid.of[key]);
+    }
+    for (int j = 0; j < 8; ++j) {  // sub-block j: the 7 stored signs of each group of 8, then ls
+        if (rec[j] > 15) return false;
+        uint32_t word = static_cast<uint32_t>(rec[j]) << 28;
+        for (int l = 0; l < 4; ++l) {
+            uint32_t signs = 0;
+            for (int i = 0; i < 8; ++i) signs |= static_cast<uint32_t>(codes[32 * j + 8 * l + i] >> 3) << i;
+            if (__builtin_popcount(signs) & 1) return false;
+            word |= (signs & 127u) << (7 * l);
+        }
+        for (int b = 0; b < 4; ++b) block[gguf_frag::kIQ3_XXSSigns + 4 * j + b] = static_cast<uint8_t>(word >> (8 * b));
+    }
+    return true;
+}
 
 // Calls f(word index, shift, n, k) for every element of the logical [n, k] weight: where its
 // code sits in the format's weights plane (gguf_frag::code_word_index).
@@ -47,7 +89,7 @@ void for_each_superblock(const frag::Geometry& geo, F&& f) {
 
 void gguf_repack_frag_host(const qg_gguf_repack_args& a) {
     const frag::Geometry geo(a.n, a.k, kGroup);
-    const gguf_frag::FragFormat ff(a.format);
+    const gguf_frag::FragFormat ff(a.format, kIq3xxsGrid);
     const uint8_t* w = static_cast<const uint8_t*>(a.w);
     auto block_of = [&](int64_t n, int64_t k) { return w + n * a.ldw + (k / ff.elems) * ff.bytes; };
     uint32_t* out_q = static_cast<uint32_t*>(a.out_w);
@@ -71,23 +113,31 @@ void gguf_repack_frag_host(const qg_gguf_repack_args& a) {
 // CPU tier on a frag-layout weight: the .gguf blocks rebuilt in host memory of the weight's
 // size, then the block-layout CPU GEMM (bit for bit what the blocks give: the same codes and
 // fields). A frag weight is a GPU layout; this keeps every entry point served on the CPU.
+// IQ3_XXS's codes are gathered first (a grid index holds 4 of them), and planes that no block
+// gives are refused (QG_ERR_INVALID_ARGUMENT, y untouched).
 qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a) {
     const frag::Geometry geo(a->n, a->k, kGroup);
     const gguf_frag::FragFormat ff(a->format);
     const bool super = gguf_frag::has_superblocks(a->format);
+    const bool iq3 = a->format == QG_FORMAT_IQ3_XXS;
     const int64_t ldw = a->k / ff.elems * ff.bytes;
     const size_t bytes = static_cast<size_t>(a->n) * static_cast<size_t>(ldw);
     const size_t records = super ? static_cast<size_t>(a->n) * static_cast<size_t>(a->k / kGroup) : 0;
+    const size_t n_codes = iq3 ? static_cast<size_t>(a->n) * static_cast<size_t>(a->k) : 0;
     std::unique_ptr<uint8_t[]> blocks(new (std::nothrow) uint8_t[bytes]);
     std::unique_ptr<uint16_t[]> rec(records ? new (std::nothrow) uint16_t[records] : nullptr);
-    if (!blocks || (records && !rec))
+    std::unique_ptr<uint8_t[]> codes(n_codes ? new (std::nothrow) uint8_t[n_codes] : nullptr);
+    if (!blocks || (records && !rec) || (n_codes && !codes))
         return set_error(QG_ERR_OUT_OF_MEMORY, "gguf cpu tier: no host memory to unpack the frag layout (%zu bytes)",
-                         bytes + 2 * records);
+                         bytes + 2 * records + n_codes);
     memset(blocks.get(), 0, bytes);
     uint8_t* out = blocks.get();
     const uint32_t* in_q = static_cast<const uint32_t*>(a->w);
     for_each_code(a->format, geo, [&](int64_t word, int shift, int64_t n, int64_t k) {
-        ff.put_code(out + n * ldw + (k / ff.elems) * ff.bytes, static_cast<int>(k % ff.elems), in_q[word] >> shift);
+        if (iq3)
+            codes[n * a->k + k] = static_cast<uint8_t>((in_q[word] >> shift) & 15u);
+        else
+            ff.put_code(out + n * ldw + (k / ff.elems) * ff.bytes, static_cast<int>(k % ff.elems), in_q[word] >> shift);
     });
     const uint16_t* in_s = static_cast<const uint16_t*>(a->w_scales);
     for_each_scale(geo, [&](int64_t i, int64_t n, int64_t grp, bool real) {
@@ -99,10 +149,16 @@ qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a) 
         }
     });
     if (super) {
+        int64_t bad_row = -1;
         for_each_superblock(geo, [&](int64_t i, int64_t n, int64_t sb) {
             uint8_t* block = out + n * ldw + sb * ff.bytes;
             uint16_t r[8];
             for (int j = 0; j < 8; ++j) r[j] = rec[n * (a->k / kGroup) + sb * 8 + j];
+            if (iq3) {
+                if (!iq3_xxs_put(block, codes.get() + n * a->k + sb * gguf_frag::kQ4_KElems, r, in_s[i]) && bad_row < 0)
+                    bad_row = n;
+                return;
+            }
             if (a->format == QG_FORMAT_Q6_K) {  // the scales bytes as they were, then d
                 for (int j = 0; j < 8; ++j) gguf_frag::put_f16_at(block, gguf_frag::kQ6_KScales + 2 * j, r[j]);
                 gguf_frag::put_f16_at(block, gguf_frag::kQ6_KD, in_s[i]);
@@ -116,6 +172,11 @@ qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a) 
                 gguf_frag::iq4_xs_pack_records(r, block);
             }
         });
+        if (bad_row >= 0)
+            return set_error(QG_ERR_INVALID_ARGUMENT,
+                             "w: row %lld is not an iq3_xxs frag weight (4 magnitudes outside the grid, 8 signs of odd "
+                             "parity or a record above 15): no block gives these planes",
+                             static_cast<long long>(bad_row));
     }
     qg_gguf_gemm_args c = *a;
     c.layout = QG_GGUF_LAYOUT_BLOCKS;

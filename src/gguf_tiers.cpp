@@ -6,7 +6,7 @@
 //   <gpu>:int8_mma   2       NVIDIA sm_80+: x quantized to int8 per 32, mma.sync (hip/gguf_mma.hip)
 //   <gpu>:prefill_wgmma 3    NVIDIA sm_90a, bf16 x: weights dequantized to bf16 tiles, wgmma
 //                            (hip/gguf_prefill.hip)
-//   <gpu>:decode_frag   4    the frag layout (qg_gguf_repack: Q8_0, Q4_0, Q4_K, IQ4_XS, Q6_K): the W4A16 frag decode
+//   <gpu>:decode_frag   4    the frag layout (qg_gguf_repack: every format): the W4A16 frag decode
 //   <gpu>:prefill_frag  5    the frag layout: the W4A16 frag prefill, wgmma (sm_90a)
 //                            (src/gpu/gguf_frag_launch.cpp)
 // The block-layout GPU tiers refuse a frag weight and the frag ones a block weight; the CPU

@@ -2,9 +2,10 @@
 format of the registry: on a CPU context and (marked gpu) on a GPU context.
 
 Both layouts of w (args->layout): the .gguf blocks (N rows of stride ldw) and the frag layout
-(QG_GGUF_LAYOUT_FRAG, Q4_0 and Q4_K only: w and w_scales the two planes of
-pyquant.formats.gguf_frag.repack, 16-byte aligned, ldw not read). A frag call draws its faults
-too: a format without a frag layout, w or w_scales NULL or off 16 bytes, a layout that is no
+(QG_GGUF_LAYOUT_FRAG, the formats of gguf_frag.FORMATS, every one since iq3_xxs's: w and w_scales
+the two planes of pyquant.formats.gguf_frag.repack, 16-byte aligned, ldw not read). A frag call
+draws its faults too: a format without a frag layout (while one is left), w or w_scales NULL or
+off 16 bytes, a layout that is no
 qg_gguf_layout value; a struct of an older version (args->size 112 or 128) ends before
 w_scales and layout, so the frag fields past its end are not read and w holds the blocks. On a
 CPU context a valid frag call must give the output of the same call on the block layout bit for
@@ -110,7 +111,7 @@ def gguf_specs(draw, gpu=False):
         elif what == "layout":
             s["layout"] = draw(st.sampled_from(NOT_LAYOUT))
         elif what == "frag":  # the faults of a frag call (on a block call: a format change, w at +4)
-            f = draw(st.sampled_from(["format", "w", "w_scales"]))
+            f = draw(st.sampled_from(["format", "w", "w_scales"] if NO_FRAG_FORMATS else ["w", "w_scales"]))
             if f == "format":
                 s["format"] = draw(st.sampled_from(NO_FRAG_FORMATS))
             else:

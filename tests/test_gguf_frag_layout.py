@@ -1,4 +1,4 @@
-"""The GGUF frag layout (pyquant.formats.gguf_frag, qg_gguf_repack) on the CPU: Q4_0, Q8_0, Q4_K, IQ4_XS.
+"""The GGUF frag layout (pyquant.formats.gguf_frag, qg_gguf_repack) on the CPU: every GGUF format.
 
 1. The numpy reference against its definition: the weights plane is the W4A16 frag qweight
    plane (pyquant.formats.int4_frag, itself checked against the PTX fragment layout in
@@ -10,12 +10,14 @@
 3. The library's CPU repack writes the reference bytes, rows of any even stride ldw included.
 4. The CPU tier on a frag weight gives the block weight's output bit for bit (every x and
    output dtype, with and without a bias).
-Q4_K and IQ4_XS (section at the end): their planes against their definition (the codes plane as
-Q4_0's, the records (sc | m << 8, ls) where the W4A16 scales are, then d and dmin (or 0) per
-super-block), round trips for every byte pattern of their blocks, the library's repack and the
-CPU tier on a frag weight. Q8_0 (its section): the byte plane against the PTX A-fragment layout,
+Q4_K, IQ4_XS, Q6_K and IQ3_XXS (their section): their planes against their definition (the codes
+plane as Q4_0's, IQ3_XXS's codes derived element by element from its grid and signs; the records
+(sc | m << 8, ls) where the W4A16 scales are, then d and dmin (or 0) per super-block), round trips
+for every byte pattern of their blocks, the library's repack and the CPU tier on a frag weight;
+IQ3_XXS's codebook times its scale is the gguf package's weight bit for bit, and planes no block
+gives are refused. Q8_0 (its section): the byte plane against the PTX A-fragment layout,
 round trips of every byte and fp16 pattern, the library's repack, the CPU tier, shards.
-5. Refusals: formats without a frag layout, bad repack arguments (nothing written), fp32 x is
+5. Refusals: bad repack arguments (nothing written), fp32 x is
    fine on the CPU; pyquant's GGUFWeight(layout="frag") checks its planes.
 """
 from __future__ import annotations
@@ -32,11 +34,13 @@ from pyquant import _lib
 from pyquant.formats import gguf_frag as GF
 from pyquant.formats import int4
 from pyquant.formats import int4_frag as FR
+from pyquant.formats import iq3_xxs
 from pyquant.formats import iq4_xs
 from pyquant.formats import q4_0
 from pyquant.formats import q4_k
 from pyquant.formats import q6_k
 from pyquant.formats import q8_0
+from pyquant.formats.iq_tables import IQ3XXS_GRID, KSIGNS_IQ2XS
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 # N = 40 pads to 48 rows, K = 224 (seven blocks) to 256; N = 1; K one chunk; a real K plus a block
@@ -131,16 +135,18 @@ def test_cpu_tier_on_frag_is_the_block_result(rng, x_dt, bias, assert_bitwise_eq
     assert_bitwise_equal(f.dequantize(), w.dequantize(), "dequantize frag vs blocks")
 
 
-def test_formats_without_a_frag_layout_are_refused(rng):
-    raw = pyquant.formats.get("iq3_xxs").module.random_blocks(rng, 16, 256)
-    w = pyquant.from_gguf("iq3_xxs", raw, shape=(16, 256))
-    with pytest.raises(pyquant.InvalidArgumentError,
-                       match=r"format 'iq3_xxs' has no frag layout yet \(q8_0, q4_0, q4_K, iq4_xs, q6_K only\)"):
-        w.repack()
-    assert w.to_device(pyquant.Context("cpu")).layout == "canonical"
-    with pytest.raises(pyquant.InvalidArgumentError, match="no frag layout"):
-        pyquant.GGUFWeight("iq3_xxs", np.zeros(64, np.int32), shape=(16, 256), layout="frag",
-                           scales=np.zeros(16, np.float16))
+def test_every_gguf_format_has_a_frag_layout():
+    """Since iq3_xxs's (2026-12-06) no GGUF format is left on the block layout alone: the spec,
+    the library's repack size query and the registry agree."""
+    gguf = [name for name in pyquant.formats.names() if pyquant.formats.get(name).kind == "gguf"]
+    assert sorted(GF.FORMATS) == sorted(gguf)
+    for fmt in gguf:
+        a = _lib.qg_gguf_repack_args(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG,
+                                     format=pyquant.formats.get(fmt).qg_format, n=16, k=256)
+        nw, ns = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        _lib.qg_gguf_repack_size(ctypes.byref(a), ctypes.byref(nw), ctypes.byref(ns))
+        shapes = GF.plane_shapes(fmt, 16, 256)
+        assert nw.value == 4 * np.prod(shapes["w"]) and ns.value == 2 * np.prod(shapes["scales"]), fmt
 
 
 def test_frag_weight_checks_its_planes(rng):
@@ -183,7 +189,6 @@ def test_repack_size_is_the_plane_size():
     (dict(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_BLOCKS),
      r"layout=QG_GGUF_LAYOUT_BLOCKS: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG \(1\) only"),
     (dict(layout=7), r"layout=7: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG"),
-    (dict(format=_lib.Format.QG_FORMAT_IQ3_XXS, k=256), r"format=IQ3_XXS has no frag layout yet"),
     (dict(format=_lib.Format.QG_FORMAT_INT4), r"is not a GGUF block format"),
     (dict(k=100), r"k=100 is not a multiple of the Q4_0 block \(32 elements\)"),
     (dict(n=0), r"n=0 must be positive"),
@@ -208,8 +213,8 @@ def test_repack_refuses_bad_arguments_and_writes_nothing(change, pattern):
 
 
 def test_gemm_refuses_a_bad_layout_and_misaligned_planes(rng, poisoned_output):
-    """qg_gguf_gemm: a layout that is not a qg_gguf_layout value, a frag call of a format with
-    no frag layout, and frag planes off 16 bytes are refused before anything is written."""
+    """qg_gguf_gemm: a layout that is not a qg_gguf_layout value and frag planes off 16 bytes are
+    refused before anything is written."""
     n, k, m = 16, 128, 2
     fw, fs = GF.repack("q4_0", q4_0.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4)))
     x = rng.standard_normal((m, k)).astype(np.float16)
@@ -226,7 +231,6 @@ def test_gemm_refuses_a_bad_layout_and_misaligned_planes(rng, poisoned_output):
         _lib.qg_gguf_gemm(pyquant.cpu_context().handle, ctypes.byref(a), None)
 
     for over, pattern in ((dict(layout=3), r"layout=3 is not a qg_gguf_layout value"),
-                          (dict(format=_lib.Format.QG_FORMAT_IQ3_XXS, k=256), r"format=IQ3_XXS has no frag layout yet"),
                           (dict(w=planes.ctypes.data + 8), r"w=0x[0-9a-f]+ is not aligned to 16 bytes"),
                           (dict(w_scales=planes.ctypes.data + fw.nbytes + 2), r"w_scales=0x[0-9a-f]+ is not aligned"),
                           (dict(w_scales=None), r"w_scales is NULL")):
@@ -262,10 +266,10 @@ def test_frag_shard_is_the_repack_of_the_canonical_shard(rng, assert_bitwise_equ
         f.shard("k", [96, 256], 0)
 
 
-# ---------------------------------------------------------------- Q4_K, IQ4_XS and Q6_K (super-block planes)
+# ---------------------------------------------------------------- Q4_K, IQ4_XS, Q6_K, IQ3_XXS (super-block planes)
 
 K_AWKWARD = [(40, 256), (1, 512), (16, 256), (7, 4096 + 256)]
-SUPER = {"q4_K": q4_k, "iq4_xs": iq4_xs, "q6_K": q6_k}
+SUPER = {"q4_K": q4_k, "iq4_xs": iq4_xs, "q6_K": q6_k, "iq3_xxs": iq3_xxs}
 
 
 def _raw_k(rng, n, k, fmt="q4_K"):
@@ -276,8 +280,8 @@ def _raw_k(rng, n, k, fmt="q4_K"):
 
 def _definition(fmt, blocks):
     """(records [N, nb * 8] uint16, fields [N, nb, 2] uint16) from their definition: q4_K's
-    sc | m << 8 and (d, dmin); iq4_xs's ls and (d, 0); q6_K's int8 scales of sub-blocks 2j and
-    2j + 1 as the low and high byte, and (d, 0)."""
+    sc | m << 8 and (d, dmin); iq4_xs's and iq3_xxs's ls and (d, 0); q6_K's int8 scales of
+    sub-blocks 2j and 2j + 1 as the low and high byte, and (d, 0)."""
     n, nb = blocks.shape[:2]
     if fmt == "q4_K":
         sc, m = q4_k.unpack_scales_mins(blocks)
@@ -288,12 +292,33 @@ def _definition(fmt, blocks):
         fields[..., 0] = blocks[..., 208:210].copy().view("<u2")[..., 0]
         return (sc[..., 0::2] | (sc[..., 1::2] << 8)).reshape(n, -1), fields
     fields[..., 0] = blocks[..., 0:2].copy().view("<u2")[..., 0]
+    if fmt == "iq3_xxs":  # the top 4 bits of each sub-block's sign / scale word
+        return (blocks[..., 66:].copy().view("<u4") >> 28).astype(np.uint16).reshape(n, -1), fields
     return iq4_xs.unpack_scales(blocks).astype(np.uint16).reshape(n, -1), fields
+
+
+def _iq3_xxs_codes(blocks, n, k):
+    """iq3_xxs's codes element by element from the block format (src/formats/blocks.h): element e
+    is byte e % 4 of grid entry qs[e // 4], negative where bit e % 8 of KSIGNS_IQ2XS[the 7-bit sign
+    index (e // 8) % 4 of sub-block e // 32's word] is set; its code is that signed magnitude's
+    index in gguf_frag.IQ3_CODEBOOK."""
+    codebook = [int(v) for v in GF.IQ3_CODEBOOK]
+    codes = np.zeros((n, k), np.uint8)
+    for row in range(n):
+        for e in range(k):
+            b = blocks[row, e // 256]
+            mag = int(IQ3XXS_GRID[b[2 + (e % 256) // 4], e % 4])
+            word = int(b[66 + 4 * ((e % 256) // 32):][:4].copy().view("<u4")[0])
+            neg = (int(KSIGNS_IQ2XS[(word >> (7 * ((e // 8) % 4))) & 127]) >> (e % 8)) & 1
+            codes[row, e] = codebook.index(-mag if neg else mag)
+    return codes
 
 
 def _codes_plane(fmt, blocks, n, k):
     """The weights plane from its definition: the 4-bit codes' nibble plane, or q6_K's q - 32
     (int8) in the byte plane."""
+    if fmt == "iq3_xxs":
+        return FR.pack_nibbles(_iq3_xxs_codes(blocks, n, k))
     if fmt == "q6_K":
         return GF.pack_bytes((q6_k.unpack_quants(blocks).reshape(n, k).astype(np.int16) - 32).astype(np.int8))
     return FR.pack_nibbles(SUPER[fmt].unpack_quants(blocks).reshape(n, k))
@@ -363,6 +388,56 @@ def test_superblock_frag_refusals(rng, fmt):
     f = pyquant.GGUFWeight(fmt, fw, shape=(n, k), layout="frag", scales=fs)
     with pytest.raises(pyquant.InvalidArgumentError, match=rf"frag-layout {fmt} weight does not shard"):
         f.shard("n", 1, 0)
+
+
+def test_iq3_xxs_codes_value_the_weight(rng):
+    """The kernels' model of an iq3_xxs frag weight: IQ3_CODEBOOK[code] times the group's
+    (d * (0.5 + ls)) * 0.5 is the gguf package's float32 weight bit for bit (every product is
+    exact: 11 x 5 x 6 bits)."""
+    gguf_quants = pytest.importorskip("gguf.quants")
+    n, k = 24, 512
+    raw = iq3_xxs.random_blocks(rng, n, k)
+    fw, fs = GF.repack("iq3_xxs", raw)
+    codes = FR.unpack_nibbles(fw, n, k)
+    rec, d, second = GF.split_superblocks(fs, n, k)
+    assert not second.any() and rec.max() <= 15
+    d32 = np.repeat(d.view(np.float16).astype(np.float32), 8, axis=1)
+    s = (d32 * (np.float32(0.5) + rec.astype(np.float32))) * np.float32(0.5)
+    got = GF.IQ3_CODEBOOK[codes].astype(np.float32) * np.repeat(s, 32, axis=1)
+    want = gguf_quants.dequantize(raw, gguf_quants.GGMLQuantizationType.IQ3_XXS).reshape(n, k)
+    np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("bad", ["grid", "parity", "record"])
+def test_iq3_xxs_planes_no_block_gives_are_refused(rng, bad, poisoned_output):
+    """unpack (the spec) and the CPU tier on a frag weight refuse iq3_xxs planes that no block
+    gives, naming the row, and write nothing."""
+    n, k = 16, 256
+    fw, fs = GF.repack("iq3_xxs", iq3_xxs.random_blocks(rng, n, k))
+    codes = FR.unpack_nibbles(fw, n, k)
+    rec, d, second = GF.split_superblocks(fs, n, k)
+    row = 5
+    if bad == "grid":  # 4 magnitudes that no grid entry has (3840 of the 4096 quads)
+        grid = {tuple(int(v) for v in g) for g in IQ3XXS_GRID}
+        quad = next(q for q in np.ndindex(8, 8, 8, 8) if tuple(4 + 8 * i - 2 * (i == 7) for i in q) not in grid)
+        codes[row, 0:4] = (codes[row, 0:4] & 8) | np.array(quad, np.uint8)
+    elif bad == "parity":  # one sign flipped: 8 signs of odd parity
+        codes[row, 0] ^= 8
+    else:
+        rec[row, 0] = 16
+    fw2 = FR.pack_nibbles(codes)
+    nrec = int(np.prod(FR.plane_shapes(n, k, 32)["scales"]))
+    fs2 = fs.copy()
+    fs2[:nrec] = FR.pack_scales(rec, k, 32).reshape(-1)
+    what = {"grid": "4 magnitudes outside the grid", "parity": "8 signs of odd parity", "record": "a record above 15"}[bad]
+    with pytest.raises(ValueError, match=rf"row {row} is not an iq3_xxs frag weight \({what}"):
+        GF.unpack("iq3_xxs", fw2, fs2, n, k)
+    f = pyquant.GGUFWeight("iq3_xxs", fw2, shape=(n, k), layout="frag", scales=fs2)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    y = poisoned_output(3, n, np.float32)
+    with pytest.raises(pyquant.InvalidArgumentError, match=rf"row {row} is not an iq3_xxs frag weight"):
+        pyquant.gemm(x, f, out=y.y)
+    assert y.unchanged(), "a refused call wrote its output"
 
 
 # ---------------------------------------------------------------- Q8_0 (the byte plane)

@@ -642,8 +642,8 @@ def test_gguf_gpu_frag(rng, gpu_ctx, fmt, x_dt, n, poisoned_output):
     (FOLD_FP32, either x type): error_bound.
     q4_K: the decode sums q * x and x per group and applies d * sc and dmin * m in fp32, so its
     rounding scales with both terms (accumulation_bound with gguf_frag.decode_magnitudes);
-    iq4_xs: the codebook values are exact, d * (ls - 32) applied to each group's fp32 sum (the
-    q4_0 bound). The prefill of both (either x type) takes each gguf float32 weight rounded once
+    iq4_xs and iq3_xxs: the codebook values (kvalues, the signed grid magnitudes) are exact, d * (ls - 32)
+    or (d * (0.5 + ls)) * 0.5 applied to each group's fp32 sum (the q4_0 bound). The prefill of these (either x type) takes each gguf float32 weight rounded once
     to x's type (fp16's 2^-11 is inside bf16's 2^-8): error_bound.
     N = 1 and 7 exercise the row padding to 16, q4_0's and q8_0's K = 224 the chunk padding to 128."""
     _need("gguf")
@@ -856,7 +856,7 @@ def _to_16(y32: np.ndarray, dt) -> np.ndarray:
 
 
 @pytest.mark.parametrize("family", ["w4a16-frag", "w4a16-canonical", "gguf-q4_K", "gguf-q8_0", "gguf-iq3_xxs",
-                                    "gguf-q4_0"])  # q4_0: the frag layout
+                                    "gguf-q4_0", "gguf-iq3_xxs-canonical"])  # gguf: the frag layout, or the blocks
 @pytest.mark.parametrize("bias_dt", [F32, F16, BF16], ids=["b_fp32", "b_fp16", "b_bf16"])
 def test_gpu_bias_is_added_once_in_the_epilogue(rng, gpu_ctx, family, bias_dt, assert_bitwise_equal):
     """Every tier, M through decode (1, 5), 16-row decode launches and prefill (17, 40, 300),
@@ -870,10 +870,10 @@ def test_gpu_bias_is_added_once_in_the_epilogue(rng, gpu_ctx, family, bias_dt, a
         k, x_dt = 512, BF16
         w = random_int4(rng, n, k, 128, False, BF16).to_device(gpu_ctx, layout=family.split("-")[1])
     else:
-        fmt = family.split("-")[1]
+        fmt, layout = (family.split("-") + ["auto"])[1:3]
         k, x_dt = 512, BF16
         raw = F.get(fmt).module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))
-        w = pyquant.from_gguf(fmt, raw, shape=(n, k)).to_device(gpu_ctx)
+        w = pyquant.from_gguf(fmt, raw, shape=(n, k)).to_device(gpu_ctx, layout=layout)
     b = rng.standard_normal(n).astype(np.float32).astype(bias_dt)
     wb = w.with_bias(pyquant.DeviceArray.from_numpy(b, gpu_ctx))
     splits = (0, 3) if kind == "w4a16" else (0,)

@@ -16,7 +16,7 @@ Row naming (DESIGN.md): family in w4a16 / gguf / mxfp4 / moe; format a registry 
 variant for w4a16 `g{G}-{sym|asym}-{fp16|bf16}`, for gguf and mxfp4 the activation dtype,
 for moe the model shape with m = tokens, n = 2 * intermediate, k = hidden. A gguf variant
 `{dtype}-blocks` keeps the .gguf blocks on a GPU where the format has a frag layout too
-(q8_0, q4_0, q4_K, iq4_xs, q6_K: to_device() repacks them otherwise), so both layouts' tiers can be measured side by side.
+(every GGUF format: to_device() repacks them otherwise), so both layouts' tiers can be measured side by side.
 """
 from __future__ import annotations
 

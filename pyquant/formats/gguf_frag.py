@@ -50,6 +50,15 @@ byte) | sc[2j + 1] << 8 (their bits), d where q4_K's d is and 0 for dmin. 8.625 
 against the blocks' 6.5625: the 6-bit codes widened to bytes, so that the kernels read them as
 q8_0's (docs/gguf-layout.md says what a tighter plane would cost).
 
+iq3_xxs: its weight ((d * (0.5 + ls)) * 0.5) * grid * sign (grid one of the 8 magnitudes 4, 12,
+.., 52, 62 that IQ3XXS_GRID gives each element 4 at a time, sign from the 7 stored bits of each
+8 elements and their parity, ls 4-bit per 32, d fp16 per 256) is a 4-bit code per element,
+IQ3_CODEBOOK's index (grid - 4) // 8 | sign << 3, and takes iq4_xs's planes: those codes, ls as
+the record, d and 0 (4.625 bits a weight against the blocks' 3.0625: a grid entry's 4 magnitudes
+span two lanes' k pairs of the A fragment, so each element keeps its own code). Every block
+round-trips; unpack refuses planes no block gives (4 magnitudes not in the grid, 8 signs of odd
+parity, a record above 15).
+
 (RB = Np/16, KT = Kp/64, KC = Kp/128, KB = Kp/32.) The library's CPU repack (src/gguf_layout.cpp) and GPU
 repack (hip/w4a16_repack.hip) must produce these bytes; docs/gguf-layout.md, "The frag layout".
 """
@@ -59,21 +68,31 @@ import numpy as np
 
 from . import gguf_common as gc
 from . import int4_frag as _frag
+from . import iq3_xxs as _iq3_xxs
 from . import iq4_xs as _iq4_xs
 from . import q4_0 as _q4_0
 from . import q4_k as _q4_k
 from . import q6_k as _q6_k
 from . import q8_0 as _q8_0
+from .iq_tables import IQ3XXS_GRID, KSIGNS_IQ2XS
 
-__all__ = ["FORMATS", "AUTO_FRAG", "GROUP", "plane_shapes", "scales_dtype", "repack", "unpack", "split_superblocks",
+__all__ = ["FORMATS", "AUTO_FRAG", "GROUP", "IQ3_CODEBOOK", "plane_shapes", "scales_dtype", "repack", "unpack", "split_superblocks",
            "decode_magnitudes", "byte_coords", "pack_bytes", "unpack_bytes"]
 
-FORMATS = ("q8_0", "q4_0", "q4_K", "iq4_xs", "q6_K")   # the GGUF formats with a frag layout
+FORMATS = ("q8_0", "q4_0", "q4_K", "iq4_xs", "q6_K", "iq3_xxs")   # the GGUF formats with a frag layout
 # Those that GGUFWeight.to_device(layout="auto") repacks for a GPU context: the formats whose frag
-# kernels have run and passed their tests on a GPU (q8_0's and q6_K's since 2026-12-04: the H200).
-AUTO_FRAG = ("q4_0", "q8_0", "q4_K", "iq4_xs", "q6_K")
+# kernels have run and passed their tests on a GPU (q8_0's and q6_K's since 2026-12-04: the H200;
+# iq3_xxs's since 2026-12-06).
+AUTO_FRAG = ("q4_0", "q8_0", "q4_K", "iq4_xs", "q6_K", "iq3_xxs")
 _SCALED = {"q4_0": _q4_0, "q8_0": _q8_0}       # d per 32 (the float16 scales plane)
-_SUPER = {"q4_K": _q4_k, "iq4_xs": _iq4_xs, "q6_K": _q6_k}  # those with the super-block part (q4_K's planes)
+_SUPER = {"q4_K": _q4_k, "iq4_xs": _iq4_xs, "q6_K": _q6_k, "iq3_xxs": _iq3_xxs}  # with the super-block part
+# iq3_xxs's code c -> its value: the grid magnitude index c & 7, negative where c & 8
+_IQ3_MAGS = np.array([4, 12, 20, 28, 36, 44, 52, 62], np.int8)
+IQ3_CODEBOOK = np.concatenate([_IQ3_MAGS, -_IQ3_MAGS])
+# the grid index of 4 magnitude indices m0 | m1 << 3 | m2 << 6 | m3 << 9, -1 where the grid has none
+_IQ3_KEYS = np.sum(((IQ3XXS_GRID.astype(np.int64) - 4) >> 3) << (3 * np.arange(4)), axis=-1)
+_IQ3_INDEX = np.full(4096, -1, np.int16)
+_IQ3_INDEX[_IQ3_KEYS] = np.arange(256)
 BYTE_PLANE = ("q8_0", "q6_K")  # the formats whose codes are a byte plane (pack_bytes)
 GROUP = 32                   # one scale (q4_0) or record (q4_K) per 32 elements
 
@@ -84,7 +103,7 @@ def _check_format(fmt: str) -> None:
 
 
 def scales_dtype(fmt: str) -> np.dtype:
-    """The scales plane's dtype: float16 (q4_0's and q8_0's d) or uint16 (q4_K's, iq4_xs's and q6_K's
+    """The scales plane's dtype: float16 (q4_0's and q8_0's d) or uint16 (the super-block formats'
     integer records and fp16 bits)."""
     _check_format(fmt)
     return np.dtype(np.float16 if fmt in _SCALED else np.uint16)
@@ -166,8 +185,42 @@ def _q4_k_sb_pack(d: np.ndarray, dmin: np.ndarray, n: int, k: int) -> np.ndarray
     return np.ascontiguousarray(pad.reshape(2, rb_, 2, 8, sb_).transpose(1, 4, 3, 0, 2))
 
 
+def _iq3_xxs_codes(blocks: np.ndarray) -> np.ndarray:
+    """iq3_xxs blocks [N, nb, 98] -> the 4-bit codes [N, nb * 256]: magnitude index | sign << 3."""
+    n, nb, _ = blocks.shape
+    idx, sidx, _ = _iq3_xxs.unpack(blocks)
+    mag = ((IQ3XXS_GRID[idx] - 4) >> 3).reshape(n, nb, 8, 4, 8)              # (sub, group, elem)
+    sign = (KSIGNS_IQ2XS[sidx][..., None] >> np.arange(8, dtype=np.uint8)) & 1  # [N, nb, 8, 4, 8]
+    return (mag | (sign << 3)).astype(np.uint8).reshape(n, nb * 256)
+
+
+def _iq3_xxs_blocks(codes: np.ndarray, rec: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """The inverse: codes [N, K], records [N, K/32], d bits [N, K/256] -> blocks [N, K/256, 98];
+    ValueError where no block gives these planes."""
+    n, k = codes.shape
+    nb = k // 256
+    q = codes.astype(np.int64).reshape(n, nb, 64, 4)
+    idx = _IQ3_INDEX[np.sum((q & 7) << (3 * np.arange(4)), axis=-1)]         # [N, nb, 64]
+    signs = np.sum((q.reshape(n, nb, 8, 4, 8) >> 3) << np.arange(8), axis=-1)  # [N, nb, 8, 4]
+    parity = np.bitwise_xor.reduce((signs[..., None] >> np.arange(8)) & 1, axis=-1)
+    rec = rec.reshape(n, nb, 8).astype(np.int64)
+    for bad, what in ((idx < 0, "4 magnitudes outside the grid"), (parity != 0, "8 signs of odd parity"),
+                      (rec > 15, "a record above 15")):
+        if bad.any():
+            row = int(np.argwhere(bad)[0][0])
+            raise ValueError(f"row {row} is not an iq3_xxs frag weight ({what}): no block gives these planes")
+    words = (np.sum((signs & 127) << (7 * np.arange(4)), axis=-1) | (rec << 28)).astype("<u4")
+    out = np.empty((n, nb, 98), np.uint8)
+    out[..., 0:2] = d.view(np.uint8).reshape(n, nb, 2)
+    out[..., 2:66] = idx.astype(np.uint8)
+    out[..., 66:] = words.view(np.uint8).reshape(n, nb, 32)
+    return out
+
+
 def _records(fmt: str, blocks: np.ndarray) -> np.ndarray:
     """[N, nb, bytes] -> the 16-bit records [N, nb, 8] of a super-block format."""
+    if fmt == "iq3_xxs":
+        return _iq3_xxs.unpack(blocks)[2].astype(np.uint16)
     if fmt == "q4_K":
         sc, m = _q4_k.unpack_scales_mins(blocks)
         return sc.astype(np.uint16) | (m.astype(np.uint16) << 8)
@@ -198,12 +251,14 @@ def repack(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scales = np.concatenate([records.reshape(-1), sb.reshape(-1)])
     if fmt == "q6_K":
         return pack_bytes(_q6_k_codes(blocks)), scales
+    if fmt == "iq3_xxs":
+        return _frag.pack_nibbles(_iq3_xxs_codes(blocks)), scales
     return _frag.pack_nibbles(spec.unpack_quants(blocks).reshape(n, k)), scales
 
 
 def split_superblocks(scales: np.ndarray, n: int, k: int):
-    """A q4_K / iq4_xs / q6_K scales plane -> (records [N, K/32] uint16, d [N, K/256] uint16 bits,
-    second field [N, K/256] uint16 bits: q4_K's dmin, iq4_xs's and q6_K's 0), padding dropped."""
+    """A super-block format's scales plane -> (records [N, K/32] uint16, d [N, K/256] uint16 bits,
+    second field [N, K/256] uint16 bits: q4_K's dmin, the others' 0), padding dropped."""
     flat = np.asarray(scales).reshape(-1).view(np.uint16)
     nrec = int(np.prod(_frag.plane_shapes(n, k, GROUP)["scales"]))
     rec = _frag.unpack_scales(flat[:nrec], n, k, GROUP)
@@ -237,6 +292,8 @@ def unpack(fmt: str, w: np.ndarray, scales: np.ndarray, n: int, k: int) -> np.nd
         out[..., _Q6_D:] = d.view(np.uint8).reshape(n, nb, 2)
         return out.reshape(n, -1)
     codes = _frag.unpack_nibbles(w, n, k)
+    if fmt == "iq3_xxs":
+        return _iq3_xxs_blocks(codes, rec, d).reshape(n, -1)
     out[..., 0:2] = d.view(np.uint8).reshape(n, nb, 2)
     if fmt == "q4_K":
         out[..., 2:4] = second.view(np.uint8).reshape(n, nb, 2)
@@ -255,11 +312,12 @@ def decode_magnitudes(fmt: str, raw: np.ndarray) -> np.ndarray:
     |w| (their weights d * (q - 8), d * q are exact). q4_K: |d sc q| + |dmin m|: the decode multiplies the
     group's sum of q * x by d * sc and the group's sum of x by dmin * m and subtracts (one mma
     against a ones fragment gives the x sums), so its float32 rounding scales with both terms,
-    not with their difference (bf16_tile.accumulation_bound's `terms`). iq4_xs, q6_K: |w| (the
-    codebook values and q - 32 are exact, d * (ls - 32) or d * sc applied to a group's float32 sum)."""
+    not with their difference (bf16_tile.accumulation_bound's `terms`). iq4_xs, q6_K, iq3_xxs: |w|
+    (the codebook values and q - 32 are exact, d * (ls - 32), d * sc or (d * (0.5 + ls)) * 0.5
+    applied to a group's float32 sum)."""
     _check_format(fmt)
-    if fmt in ("q8_0", "q4_0", "iq4_xs", "q6_K"):
-        spec = {"q8_0": _q8_0, "q4_0": _q4_0, "iq4_xs": _iq4_xs, "q6_K": _q6_k}[fmt]
+    if fmt in ("q8_0", "q4_0", "iq4_xs", "q6_K", "iq3_xxs"):
+        spec = {"q8_0": _q8_0, "q4_0": _q4_0, "iq4_xs": _iq4_xs, "q6_K": _q6_k, "iq3_xxs": _iq3_xxs}[fmt]
         return np.abs(spec.dequantize(raw).astype(np.float64))
     blocks = gc.check_raw(raw, _q4_k.BLOCK_BYTES, _q4_k.NAME)
     n, nb, _ = blocks.shape

@@ -33,6 +33,17 @@
 // plane: the record of sub-block pair j holds sc[2j] | sc[2j + 1] << 8 (their bytes), d where
 // Q4_K's d is and 0 for dmin. 8.625 bits a weight against the blocks' 6.5625 (the codes widened
 // to bytes: the kernels read them as Q8_0's). Nothing is rounded.
+//
+// IQ3_XXS: its weight ((d * (0.5 + ls)) * 0.5) * grid * sign (grid: one of the 8 magnitudes 4, 12,
+// .., 52, 62 that a 256-entry grid gives each element, 4 at a time; sign: 7 stored bits per 8
+// elements, the 8th their parity; ls: 4-bit per 32, d: fp16 per 256) is a 4-bit code per element,
+// magnitude index | sign << 3 (the index (grid - 4) / 8, 62 -> 7), valued by a 16-entry codebook
+// as IQ4_XS's indices are: IQ4_XS's planes, ls as the record, d where Q4_K's d is and 0 for dmin.
+// 4.625 bits a weight against the blocks' 3.0625: the grid's 12 bits of 4 magnitudes and the
+// signs' parity spelled out, so that a lane's registers come from its own nibbles (a grid entry
+// spans two lanes' k pairs). Every block round-trips; the inverse (the CPU tier on a frag
+// weight) refuses planes no block gives: 4 magnitudes not in the grid, 8 signs of odd parity, a
+// record above 15.
 #pragma once
 
 #include <stdint.h>
@@ -59,6 +70,9 @@ constexpr int kQ6_KBytes = 210;    // ql[128], qh[64], scales[16] (int8), fp16 d
 constexpr int kQ6_KHigh = 128;     // byte offset of qh
 constexpr int kQ6_KScales = 192;
 constexpr int kQ6_KD = 208;
+constexpr int kIQ3_XXSBytes = 98;  // fp16 d, qs[64] (grid indices), then 8 uint32 sign / scale words
+constexpr int kIQ3_XXSGrid = 2;
+constexpr int kIQ3_XXSSigns = 66;
 
 // The fp16 bits at byte `off` of a block (little-endian; rows are 2-byte aligned): Q4_0's d
 // at 0, Q4_K's d at 0 and dmin at 2; and the inverse.
@@ -120,7 +134,23 @@ QG_FRAG_HD inline void q6_K_put_code(uint8_t* block, int e, uint32_t q) {
     block[kQ6_KHigh + 32 * h + l] |= static_cast<uint8_t>(((q >> 4) & 3u) << (2 * j));
 }
 
-// Q4_K's (and IQ4_XS's, Q6_K's) super-block part of the scales plane: its byte offset (the records before it) and
+// IQ3_XXS: the sign / scale word of sub-block j, and element e's 4-bit code: its grid magnitude's
+// index (grid: the 256-entry IQ3_XXS grid, 4 magnitudes a word, src/formats/iq_tables.h) | its
+// sign << 3, the sign bit i of 8 being bit i of the stored 7 and their parity.
+QG_FRAG_HD inline uint32_t iq3_xxs_word(const uint8_t* block, int j) {
+    const uint8_t* b = block + kIQ3_XXSSigns + 4 * j;
+    return b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+}
+QG_FRAG_HD inline uint32_t iq3_xxs_code(const uint8_t* block, int e, const uint32_t* grid) {
+    const int i = e & 7, l = (e >> 3) & 3;
+    const uint32_t mag = (grid[block[kIQ3_XXSGrid + (e >> 2)]] >> (8 * (e & 3))) & 255u;
+    uint32_t s7 = (iq3_xxs_word(block, e >> 5) >> (7 * l)) & 127u, parity = 0;
+    for (uint32_t t = s7; t; t >>= 1) parity ^= t & 1u;
+    const uint32_t sign = i < 7 ? (s7 >> i) & 1u : parity;
+    return ((mag - 4u) >> 3) | (sign << 3);
+}
+
+// Q4_K's (and IQ4_XS's, Q6_K's, IQ3_XXS's) super-block part of the scales plane: its byte offset (the records before it) and
 // the index (in uint16) of the d (f = 0) or dmin (f = 1) of (rb, super-block sb, g, h).
 QG_FRAG_HD inline int64_t q4_K_sb_offset(const frag::Geometry& geo) { return geo.scales_bytes(); }
 QG_FRAG_HD inline int64_t q4_K_sb_index(const frag::Geometry& geo, int64_t rb, int64_t sb, int g, int f, int h) {
@@ -143,7 +173,7 @@ QG_FRAG_HD inline int64_t byte_word_index(int64_t k_tiles, int64_t n, int64_t k,
 // (geo of G = 32).
 QG_FRAG_HD inline bool has_frag_layout(int format) {
     return format == QG_FORMAT_Q8_0 || format == QG_FORMAT_Q4_0 || format == QG_FORMAT_Q4_K ||
-           format == QG_FORMAT_IQ4_XS || format == QG_FORMAT_Q6_K;
+           format == QG_FORMAT_IQ4_XS || format == QG_FORMAT_Q6_K || format == QG_FORMAT_IQ3_XXS;
 }
 QG_FRAG_HD inline int code_bits(int format) { return format == QG_FORMAT_Q8_0 || format == QG_FORMAT_Q6_K ? 8 : 4; }
 QG_FRAG_HD inline int64_t weights_plane_bytes(int format, const frag::Geometry& geo) {
@@ -157,7 +187,8 @@ QG_FRAG_HD inline int64_t code_word_index(int format, const frag::Geometry& geo,
 }
 // Formats whose scales plane has the super-block part (Q4_K's planes).
 QG_FRAG_HD inline bool has_superblocks(int format) {
-    return format == QG_FORMAT_Q4_K || format == QG_FORMAT_IQ4_XS || format == QG_FORMAT_Q6_K;
+    return format == QG_FORMAT_Q4_K || format == QG_FORMAT_IQ4_XS || format == QG_FORMAT_Q6_K ||
+           format == QG_FORMAT_IQ3_XXS;
 }
 QG_FRAG_HD inline int64_t scales_plane_bytes(int format, const frag::Geometry& geo) {
     return has_superblocks(format) ? geo.scales_bytes() + geo.row_blocks * (geo.k_chunks / 2) * 8 * 2 * 2 * 2
@@ -166,19 +197,24 @@ QG_FRAG_HD inline int64_t scales_plane_bytes(int format, const frag::Geometry& g
 
 // One GGUF block format with a frag layout, as the repacks see it: its block, and where an
 // element's code, a sub-block's record (the scale plane's 16 bits) and the super-block's two
-// fp16 fields (Q4_K: d, dmin; IQ4_XS, Q6_K: d, none) are.
+// fp16 fields (Q4_K: d, dmin; IQ4_XS, Q6_K, IQ3_XXS: d, none) are. IQ3_XXS's codes need its grid
+// (the caller's copy: host memory or device constant memory); put_code does not serve it (a
+// grid index is 4 elements' codes at once: the CPU inverse encodes whole groups, iq3_xxs_put).
 struct FragFormat {
     int format, bytes, elems;
     uint32_t code_mask;  // 15, or 255 for the byte plane's codes (Q8_0, Q6_K)
-    QG_FRAG_HD explicit FragFormat(int f)
+    const uint32_t* grid;
+    QG_FRAG_HD explicit FragFormat(int f, const uint32_t* iq3_grid = nullptr)
         : format(f),
-          bytes(f == QG_FORMAT_Q4_K    ? kQ4_KBytes
-                : f == QG_FORMAT_IQ4_XS ? kIQ4_XSBytes
-                : f == QG_FORMAT_Q8_0   ? kQ8_0Bytes
-                : f == QG_FORMAT_Q6_K   ? kQ6_KBytes
-                                        : kQ4_0Bytes),
+          bytes(f == QG_FORMAT_Q4_K     ? kQ4_KBytes
+                : f == QG_FORMAT_IQ4_XS  ? kIQ4_XSBytes
+                : f == QG_FORMAT_Q8_0    ? kQ8_0Bytes
+                : f == QG_FORMAT_Q6_K    ? kQ6_KBytes
+                : f == QG_FORMAT_IQ3_XXS ? kIQ3_XXSBytes
+                                         : kQ4_0Bytes),
           elems(f == QG_FORMAT_Q4_0 || f == QG_FORMAT_Q8_0 ? kGroup : kQ4_KElems),
-          code_mask(code_bits(f) == 8 ? 255u : 15u) {}
+          code_mask(code_bits(f) == 8 ? 255u : 15u),
+          grid(iq3_grid) {}
     // Where the block keeps element e's code: the byte offset, and *shift its bits.
     //   Q8_0: qs[e], the whole byte;
     //   Q4_0: qs[e] low nibble for e < 16, qs[e - 16] high nibble above;
@@ -201,6 +237,7 @@ struct FragFormat {
     // The plane's code of element e: the block's code, Q6_K's less 32 (an int8 byte).
     QG_FRAG_HD uint32_t code(const uint8_t* block, int e) const {
         if (format == QG_FORMAT_Q6_K) return (q6_K_code(block, e) - 32u) & 255u;
+        if (format == QG_FORMAT_IQ3_XXS) return iq3_xxs_code(block, e, grid);
         int shift = 0;
         const int b = code_byte(e, &shift);
         return (static_cast<uint32_t>(block[b]) >> shift) & code_mask;
@@ -213,12 +250,13 @@ struct FragFormat {
         *b = static_cast<uint8_t>(*b | ((c & code_mask) << shift));
     }
     // the 16 bits of 32-element sub-block j (0..elems/32-1): Q4_0's and Q8_0's d, Q4_K's
-    // sc | m << 8, IQ4_XS's ls, Q6_K's int8 scales of its two 16-element halves (bytes)
+    // sc | m << 8, IQ4_XS's and IQ3_XXS's ls, Q6_K's int8 scales of its two 16-element halves (bytes)
     QG_FRAG_HD uint16_t record(const uint8_t* block, int j) const {
-        return format == QG_FORMAT_Q4_K    ? q4_K_record(block, j)
-               : format == QG_FORMAT_IQ4_XS ? iq4_xs_record(block, j)
-               : format == QG_FORMAT_Q6_K   ? f16_at(block, kQ6_KScales + 2 * j)
-                                            : f16_at(block, 0);
+        return format == QG_FORMAT_Q4_K      ? q4_K_record(block, j)
+               : format == QG_FORMAT_IQ4_XS  ? iq4_xs_record(block, j)
+               : format == QG_FORMAT_IQ3_XXS ? static_cast<uint16_t>(iq3_xxs_word(block, j) >> 28)
+               : format == QG_FORMAT_Q6_K    ? f16_at(block, kQ6_KScales + 2 * j)
+                                             : f16_at(block, 0);
     }
     // the super-block's fp16 fields: d (f = 0; Q6_K's at byte 208), Q4_K's dmin (f = 1) or 0
     QG_FRAG_HD uint16_t field(const uint8_t* block, int f) const {

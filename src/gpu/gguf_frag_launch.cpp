@@ -2,9 +2,10 @@
 // Q4_0 weight in the frag layout (qg_gguf_repack) is a W4A16 frag weight of G = 32, symmetric,
 // with fp16 scales, a Q4_K or IQ4_XS one the same planes with its records and super-block
 // words, a Q8_0 one Q4_0's scales with a byte plane for its codes, a Q6_K one that byte plane
-// with Q4_K's records and super-block words (src/formats/gguf_frag.h), so both tiers are the
-// W4A16 frag kernels (src/gpu/frag_launch.h) on the same call stated in W4A16 terms, Q4_K,
-// IQ4_XS, Q8_0 and Q6_K with their own codes (CODE_Q4_K, CODE_IQ4_XS, CODE_Q8_0, CODE_Q6_K).
+// with Q4_K's records and super-block words, an IQ3_XXS one IQ4_XS's planes with its own codebook
+// (src/formats/gguf_frag.h), so both tiers are the W4A16 frag kernels (src/gpu/frag_launch.h) on
+// the same call stated in W4A16 terms, Q4_K, IQ4_XS, Q8_0, Q6_K and IQ3_XXS with their own codes
+// (CODE_Q4_K, CODE_IQ4_XS, CODE_Q8_0, CODE_Q6_K, CODE_IQ3_XXS).
 // Arguments were validated by src/api.cpp.
 #include <stdint.h>
 
@@ -63,6 +64,7 @@ int code_of(const Args& a) {
            : a.format == QG_FORMAT_IQ4_XS ? CODE_IQ4_XS
            : a.format == QG_FORMAT_Q8_0   ? CODE_Q8_0
            : a.format == QG_FORMAT_Q6_K   ? CODE_Q6_K
+           : a.format == QG_FORMAT_IQ3_XXS ? CODE_IQ3_XXS
                                           : CODE_INT4;
 }
 
