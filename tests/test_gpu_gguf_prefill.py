@@ -131,7 +131,7 @@ def test_gguf_prefill_refuses_fp16_x(rng, gpu_ctx):
     name = _tier_name()
     spec = F.get("q8_0")
     raw = spec.module.random_blocks(rng, 16, 64, d_range=(2.0 ** -8, 2.0 ** -4))
-    wd = pyquant.from_gguf("q8_0", raw, shape=(16, 64)).to_device(gpu_ctx)
+    wd = pyquant.from_gguf("q8_0", raw, shape=(16, 64)).to_device(gpu_ctx, layout="canonical")  # this tier's blocks
     xd = pyquant.DeviceArray.from_numpy(rng.standard_normal((20, 64)).astype(np.float16), gpu_ctx)
     gpu_ctx.set_tier("gguf", name)
     try:
