@@ -648,7 +648,9 @@ class GGUFWeight(_TwoLayouts):
         """The same weight in `ctx` (default_context()). layout="auto" gives a GPU context the
         frag layout for every GGUF format (gguf_frag.AUTO_FRAG: repacked there, on
         `stream`: what the GPU decode and prefill kernels read) and keeps the layout otherwise;
-        "canonical" or "frag" asks for one. A canonical weight's rows start `row_align` bytes after the previous one
+        "canonical" or "frag" asks for one. The frag planes of q6_K and iq3_xxs take 1.31x and
+        1.51x their blocks' device memory (the others 1.00-1.09x); where memory is what binds,
+        layout="canonical" keeps the blocks, on the slower block-layout tiers. A canonical weight's rows start `row_align` bytes after the previous one
         (blocks unchanged; the zero padding is never read), so that the GPU decode tier copies
         rows with 16-byte loads: raw Q6_K and IQ3_XXS rows are otherwise only 2-byte aligned
         (docs/gguf-layout.md). The cost is one host-side copy and at most row_align - 1 bytes
