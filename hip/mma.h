@@ -11,6 +11,11 @@
 
 namespace qg {
 
+// The 16-entry codebooks of codebook_word and the group scales of superblock_group (below),
+// outside the mma gate: hip/w4a16_kernels.h's codebook_of and super_scale_of name them.
+enum Codebook { BOOK_IQ4NL = 0, BOOK_IQ3XXS = 1 };
+enum SuperScale { SUPER_Q4_K = 0, SUPER_IQ4_XS = 1, SUPER_IQ3_XXS = 2 };
+
 #if defined(QG_HAS_MMA_SYNC)
 // cp.async: global -> shared copies that bypass registers. A false `valid` copies nothing
 // and zero-fills the destination (src-size 0). .cg caches in L2 only (streamed data).
@@ -127,7 +132,6 @@ __device__ __forceinline__ void e2m1_word(uint32_t w, uint32_t (&a)[4]) {
 // index | sign << 3: src/formats/gguf_frag.h). The 16 values + 128 are four words of bytes, and
 // one byte lookup of four indices is two byte permutes (entries 0-7, 8-15) and a third choosing
 // per byte by the index's bit 3 (as ggml-cuda's table lookups do).
-enum Codebook { BOOK_IQ4NL = 0, BOOK_IQ3XXS = 1 };
 __host__ __device__ constexpr int codebook_value(int book, int i) {
     constexpr int kv[16] = QG_KVALUES_IQ4NL;
     constexpr int mag[8] = {4, 12, 20, 28, 36, 44, 52, 62};
@@ -211,7 +215,6 @@ __device__ __forceinline__ void q8_word(uint32_t w, uint32_t& r0, uint32_t& r1) 
 struct SuperGroup {
     float s_lo, s_hi, b_lo, b_hi;
 };
-enum SuperScale { SUPER_Q4_K = 0, SUPER_IQ4_XS = 1, SUPER_IQ3_XXS = 2 };
 template <int SUPER>
 __device__ __forceinline__ SuperGroup superblock_group(uint32_t rec, uint2 dm) {
     const float d_lo = __half2float(__ushort_as_half(static_cast<unsigned short>(dm.x & 0xffffu)));

@@ -89,6 +89,12 @@ struct UnitAddr {
 // GGUF Q4_K codes / IQ4_XS codebook indices with G = 32: their group records and super-block
 // words), or GGUF Q8_0's bytes (G = 32, fp16 d: the W4A16 group close), or GGUF Q6_K's bytes
 // (G = 32 records of two 16-element groups: a group closes every k16 step).
+// w4a16_kernels.h names hip/mma.h's codebooks and group scales by number (it does not include mma.h)
+static_assert(codebook_of(CODE_IQ4_XS) == BOOK_IQ4NL && codebook_of(CODE_IQ3_XXS) == BOOK_IQ3XXS &&
+                  super_scale_of(CODE_Q4_K) == SUPER_Q4_K && super_scale_of(CODE_IQ4_XS) == SUPER_IQ4_XS &&
+                  super_scale_of(CODE_IQ3_XXS) == SUPER_IQ3_XXS,
+              "codebook_of / super_scale_of and hip/mma.h's enums disagree");
+
 template <int XT, int MT, int G, bool ASYM, int CODE>
 // Two blocks an SM, except for the byte plane's codes (Q8_0, Q6_K): Q8_0's four tile loads a row block and unit need 250 registers
 // (ptxas), which two blocks an SM cut to 128 with 92-104 bytes spilled; one block an SM keeps

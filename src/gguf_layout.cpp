@@ -30,7 +30,8 @@ struct Iq3GridIndex {
         for (int16_t& v : of) v = -1;
         for (int i = 0; i < 256; ++i) {
             int key = 0;
-            for (int j = 0; j < 4; ++j) key |= static_cast<int>((((kIq3xxsGrid[i] >> (8 * j)) & 255u) - 4u) >> 3) << (3 * j);
+            for (int j = 0; j < 4; ++j)
+                key |= static_cast<int>(gguf_frag::iq3_xxs_mag_index((kIq3xxsGrid[i] >> (8 * j)) & 255u)) << (3 * j);
             of[key] = static_cast<int16_t>(i);
         }
     }

@@ -141,13 +141,15 @@ QG_FRAG_HD inline uint32_t iq3_xxs_word(const uint8_t* block, int j) {
     const uint8_t* b = block + kIQ3_XXSSigns + 4 * j;
     return b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
 }
+// The magnitude index of a grid byte: 4, 12, .., 52 -> 0..6, 62 -> 7.
+QG_FRAG_HD inline uint32_t iq3_xxs_mag_index(uint32_t mag) { return (mag - 4u) >> 3; }
 QG_FRAG_HD inline uint32_t iq3_xxs_code(const uint8_t* block, int e, const uint32_t* grid) {
     const int i = e & 7, l = (e >> 3) & 3;
     const uint32_t mag = (grid[block[kIQ3_XXSGrid + (e >> 2)]] >> (8 * (e & 3))) & 255u;
     uint32_t s7 = (iq3_xxs_word(block, e >> 5) >> (7 * l)) & 127u, parity = 0;
     for (uint32_t t = s7; t; t >>= 1) parity ^= t & 1u;
     const uint32_t sign = i < 7 ? (s7 >> i) & 1u : parity;
-    return ((mag - 4u) >> 3) | (sign << 3);
+    return iq3_xxs_mag_index(mag) | (sign << 3);
 }
 
 // Q4_K's (and IQ4_XS's, Q6_K's, IQ3_XXS's) super-block part of the scales plane: its byte offset (the records before it) and
