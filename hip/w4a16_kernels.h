@@ -229,10 +229,20 @@ struct PrefillParams {
 constexpr int PF_THREADS = 256;
 constexpr int PF_ROWS = 128;          // weight rows per block
 // x tiles in flight: STAGES - 2 ahead of the k-step; 8 for tiles of 64 and 128 tokens, 5 for
-// 256 (32 KB a tile: the ring stays under the 227 KB of shared memory)
+// 256 and the fused tile (32 / 34 KB a tile: the ring stays under the 227 KB of shared memory).
+// The fused tile (PF_FUSED_BN tokens) is a 256-token one with a tail: a call of 257 .. 272
+// tokens (src/gpu/w4a16_prefill_launch.cpp, plan_launches), its extra tokens one more wgmma
+// (n16) on the same A registers, so that the tail does not read and dequantize every weight a
+// second time. W4A16 (bf16 x, folded) and MXFP4 only: the GGUF codes' 256-token kernels are at
+// 255 registers already, and the 8 more spilled 100-1200 bytes (q6_K's fused tile: +36 % time).
+// A wider tail (n32 .. n64, hip/wgmma.h) spills everywhere (bench/NOTES.md, sessions 39, 40).
+#ifndef QG_PF_FUSED_BN
+#define QG_PF_FUSED_BN 272
+#endif
+constexpr int PF_FUSED_BN = QG_PF_FUSED_BN;
 template <int BN>
 struct PrefillSmem {
-    static constexpr int STAGES = BN == 256 ? 5 : 8;
+    static constexpr int STAGES = BN >= 256 ? 5 : 8;
     static constexpr int B_BYTES = BN * 64 * 2;           // one x tile, 128-byte rows
     static constexpr int BAR_OFF = STAGES * B_BYTES;      // full[] then empty[] mbarriers
     static constexpr int SMEM = 1024 + BAR_OFF + 2 * STAGES * 8;  // + 1024: alignment slack
@@ -281,13 +291,13 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
 #define QG_W4A16_PREFILL_KERNELS(X)                                                                             \
     QG_W4A16_PREFILL_ZG(X, ELEM_F16, 64, FOLD_NONE) QG_W4A16_PREFILL_ZG(X, ELEM_F16, 128, FOLD_NONE)            \
     QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 64, FOLD_F16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 128, FOLD_F16)            \
-    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, FOLD_F16)                                                           \
+    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, FOLD_F16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, PF_FUSED_BN, FOLD_F16)           \
     QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 64, FOLD_BF16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 128, FOLD_BF16)          \
-    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, FOLD_BF16)
+    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, FOLD_BF16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, PF_FUSED_BN, FOLD_BF16)
 // MXFP4 (CODE_E2M1): G = 32, no zero-points, bf16 scales (so bf16 x folds); 256-token tiles for
 // bf16 only
 #define QG_MXFP4_PREFILL_KERNELS(X) \
-    X(ELEM_F16, 128) X(ELEM_BF16, 128) X(ELEM_F16, 64) X(ELEM_BF16, 64) X(ELEM_BF16, 256)
+    X(ELEM_F16, 128) X(ELEM_BF16, 128) X(ELEM_F16, 64) X(ELEM_BF16, 64) X(ELEM_BF16, 256) X(ELEM_BF16, PF_FUSED_BN)
 // GGUF Q4_K and IQ4_XS (CODE_Q4_K, CODE_IQ4_XS; FOLD_FP32): G = 32, no zero-points, every tile
 // for both x types
 #define QG_Q4_K_PREFILL_KERNELS(X) \

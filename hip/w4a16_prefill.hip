@@ -286,7 +286,13 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
         const uint32_t full = ring.full + 8 * copy.s;
         if (copy.reused) mbar_wait_at(ring.empty + 8 * copy.s, copy.phase ^ 1);
         mbar_arrive_expect_tx_at(full, Sm::B_BYTES);
-        tma_load_2d_at(ring.tiles + copy.s * Sm::B_BYTES, &tmap_x, full, (2 * kc0 + kt) * 64, tok0);
+        if constexpr (BN <= 256) {
+            tma_load_2d_at(ring.tiles + copy.s * Sm::B_BYTES, &tmap_x, full, (2 * kc0 + kt) * 64, tok0);
+        } else {  // a box holds at most 256 rows: the fused tile's map has boxes of BN / 2, two a tile
+            tma_load_2d_at(ring.tiles + copy.s * Sm::B_BYTES, &tmap_x, full, (2 * kc0 + kt) * 64, tok0);
+            tma_load_2d_at(ring.tiles + copy.s * Sm::B_BYTES + BN * 64, &tmap_x, full, (2 * kc0 + kt) * 64,
+                           tok0 + BN / 2);
+        }
         copy.next();
     };
     if (tid == 0)

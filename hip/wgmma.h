@@ -151,10 +151,11 @@ __device__ __forceinline__ void wgmma_fence_acc(WgAcc<N>& c) {
 // D (+)= A (64 x 16, registers: the mma.m16n8k16 A fragment of each warp's 16 rows) x
 // B (16 x N, K-major in shared memory, descriptor `desc`); scale_d = 0 overwrites D.
 // XT: ELEM_F16 or ELEM_BF16 (fp32 accumulation).
-#define QG_WGMMA_OPS8(i) "+f"(c.d[i]), "+f"(c.d[i + 1]), "+f"(c.d[i + 2]), "+f"(c.d[i + 3]), \
-                         "+f"(c.d[i + 4]), "+f"(c.d[i + 5]), "+f"(c.d[i + 6]), "+f"(c.d[i + 7])
+// OFF: the first of the instruction's accumulators in c (a fused tile: n256 from 0, its tail from 128).
+#define QG_WGMMA_OPS8(i) "+f"(c.d[OFF + i]), "+f"(c.d[OFF + i + 1]), "+f"(c.d[OFF + i + 2]), "+f"(c.d[OFF + i + 3]), \
+                         "+f"(c.d[OFF + i + 4]), "+f"(c.d[OFF + i + 5]), "+f"(c.d[OFF + i + 6]), "+f"(c.d[OFF + i + 7])
 
-template <int XT>
+template <int XT, int OFF = 0>
 __device__ __forceinline__ void wgmma_m64n128k16(WgAcc<128>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
 #define QG_WGMMA_128(TYPE)                                                                                          \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"                                                     \
@@ -172,8 +173,8 @@ __device__ __forceinline__ void wgmma_m64n128k16(WgAcc<128>& c, const uint32_t (
 #undef QG_WGMMA_128
 }
 
-template <int XT>
-__device__ __forceinline__ void wgmma_m64n64k16(WgAcc<64>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+template <int XT, int OFF = 0, int N>
+__device__ __forceinline__ void wgmma_m64n64k16(WgAcc<N>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
 #define QG_WGMMA_64(TYPE)                                                                                           \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"                                                     \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                                   \
@@ -186,8 +187,8 @@ __device__ __forceinline__ void wgmma_m64n64k16(WgAcc<64>& c, const uint32_t (&a
     else QG_WGMMA_64("f16");
 #undef QG_WGMMA_64
 }
-template <int XT>
-__device__ __forceinline__ void wgmma_m64n256k16(WgAcc<256>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+template <int XT, int OFF = 0, int N>
+__device__ __forceinline__ void wgmma_m64n256k16(WgAcc<N>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
 #define QG_WGMMA_256(TYPE)                                                                                          \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %132, 0;\n"                                                    \
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " "                                  \
@@ -211,9 +212,32 @@ __device__ __forceinline__ void wgmma_m64n256k16(WgAcc<256>& c, const uint32_t (
 #undef QG_WGMMA_256
 }
 
+// The narrow tail of a fused tile (256 + 16 tokens).
+template <int XT, int OFF = 0, int N>
+__device__ __forceinline__ void wgmma_m64n16k16(WgAcc<N>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+#define QG_WGMMA_16(TYPE)                                                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %12, 0;\n"                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " "                                   \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %13, p, 1, 1, 0;\n}\n"                      \
+                 : QG_WGMMA_OPS8(0)                                                                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc))
+    if (XT == ELEM_BF16) QG_WGMMA_16("bf16");
+    else QG_WGMMA_16("f16");
+#undef QG_WGMMA_16
+}
+// N = 256 + T (T = 16 or 64): a fused tile, whose last T tokens are a second wgmma on the same
+// A registers, its B from the tile's row 256 (32 KB on: whole 1024-byte swizzle atoms) and its
+// accumulators from d[128]. (n32 / n48 forms would follow the n16 one; every fused tile wider
+// than 272 spilled, bench/NOTES.md session 40.)
 template <int XT, int N>
 __device__ __forceinline__ void wgmma_m64k16(WgAcc<N>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
-    if constexpr (N == 256) wgmma_m64n256k16<XT>(c, a, desc, scale_d);
+    if constexpr (N > 256) {
+        static_assert(N == 272 || N == 320, "a fused tile is 256 + 16 or 64 tokens");
+        wgmma_m64n256k16<XT, 0>(c, a, desc, scale_d);
+        const uint64_t tail = wgmma_desc_offset(desc, 256 * 128);
+        if constexpr (N == 272) wgmma_m64n16k16<XT, 128>(c, a, tail, scale_d);
+        else wgmma_m64n64k16<XT, 128>(c, a, tail, scale_d);
+    } else if constexpr (N == 256) wgmma_m64n256k16<XT>(c, a, desc, scale_d);
     else if constexpr (N == 128) wgmma_m64n128k16<XT>(c, a, desc, scale_d);
     else wgmma_m64n64k16<XT>(c, a, desc, scale_d);
 }

@@ -50,14 +50,24 @@ def w4a16_bound(k: int, y_dtype) -> float:
 gguf_float_bound = w4a16_bound
 
 
+FUSED_TAIL = 16  # src/gpu/w4a16_prefill_launch.cpp kFusedTail (PF_FUSED_BN = 256 + 16)
+
+
+def fused_tail_on() -> bool:
+    return os.environ.get("QG_EXP_FUSED_TAIL", "1") != "0"
+
+
 def prefill_decode_tail(m: int, folds: bool) -> int:
     """The first token of a prefill call (auto tile) that runs on decode_frag, else m: the
     plan (src/gpu/w4a16_prefill_launch.cpp, plan_launches) takes a token tile of 64 up to 64
     tokens, 128 up to 128 or where the scale does not fold into A, else 256, and runs a
-    ragged tail of at most 16 tokens past the last full tile on decode_frag (the wide-tile
-    test asserts it from the QG_LOG lines)."""
+    ragged tail of at most 16 tokens past the last full tile on decode_frag, except where
+    the call is one 256-token tile and such a tail (257 .. 272 tokens): a fused tile of 272
+    (the wide-tile test asserts it from the QG_LOG lines; QG_EXP_FUSED_TAIL=0 turns it off)."""
     tile = 64 if m <= 64 else 128 if m <= 128 or not folds else 256
     tail = m % tile
+    if tile == 256 and m - tail == 256 and 0 < tail <= FUSED_TAIL and fused_tail_on():
+        return m
     return m - tail if m >= tile and 0 < tail <= 16 else m
 
 
@@ -405,24 +415,33 @@ def _prefill_launches_logged(n: int, k: int, m: int, g: int, symmetric: bool) ->
              for launch in launches], [int(v) for v in decodes], int(sms.group(1)))
 
 
+@pytest.mark.parametrize("m", [520, 262])
 @pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
 @pytest.mark.parametrize("group_size", [32, 64, 128], ids=lambda g: f"g{g}")
-def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, poisoned_output, assert_close,
+def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, m, poisoned_output, assert_close,
                                      assert_bitwise_equal):
-    """bf16 x and bf16 scales above 128 tokens: N = 128 x 132 (132 row tiles), M = 520 (two
-    token tiles of 256 and a tail of 8), K = 384 (3 chunks: 12, 6 or 3 groups). prefill_plan
-    (src/gpu/w4a16_prefill_launch.cpp) takes the 256-token tile wherever the kernel folds and
-    M > 128, and runs a tail of at most 16 tokens past the last full 256 on decode_frag; a
+    """bf16 x and bf16 scales above 128 tokens: N = 128 x 132 (132 row tiles), K = 384 (3
+    chunks: 12, 6 or 3 groups), M = 520 (two token tiles of 256 and a tail of 8) and M = 262.
+    prefill_plan (src/gpu/w4a16_prefill_launch.cpp) takes the 256-token tile wherever the
+    kernel folds and M > 128, and runs a tail of at most 16 tokens past the last full 256 on
+    decode_frag, except where the call is a single tile with such a tail (257 .. 272 tokens):
+    that runs as one fused tile of 272 (QG_EXP_FUSED_TAIL=0: the decode tail again). A
     child's QG_LOG=1 lines give each launch's tokens and tile. Against the folded reference
-    (check_w4a16; the tail against the exact weights), and one-hot rows (M = 520 again) give
-    each folded weight bit for bit, and the exact weight on the tail's rows."""
+    (check_w4a16), and one-hot rows (M again) give each folded weight bit for bit (the exact
+    weight on a decode_frag tail's rows)."""
     _need_prefill(gpu_ctx)
-    n, k, m = 128 * 132, 384, 520
+    n, k = 128 * 132, 384
     launches, decodes, sms = _prefill_launches_logged(n, k, m, group_size, symmetric)
-    # one launch of the 264 tiles on 132 SMs (two whole waves); elsewhere a row split may add one
-    assert {v[:3] for v in launches} == {(512, n, 256)} and sum(v[3] for v in launches) == 264 \
-        and decodes == [8], f"{sms} SMs, M = {m}: the plan launched {launches} and decode_frag on {decodes} tokens"
-    assert prefill_decode_tail(m, True) == 512
+    seen = f"{sms} SMs, M = {m}: the plan launched {launches} and decode_frag on {decodes} tokens"
+    # 132 tiles a token tile (one wave on 132 SMs; elsewhere a row split may add a launch)
+    if m == 262 and fused_tail_on():
+        assert {v[:3] for v in launches} == {(262, n, 272)} and sum(v[3] for v in launches) == 132 \
+            and decodes == [], seen
+    else:
+        head = m - m % 256
+        assert {v[:3] for v in launches} == {(head, n, 256)} and sum(v[3] for v in launches) == 132 * head // 256 \
+            and decodes == [m - head], seen
+    assert prefill_decode_tail(m, True) == (m if m == 262 and fused_tail_on() else m - m % 256)
     tile = 256
     name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
     w = random_int4(rng, n, k, group_size, symmetric, BF16)
@@ -432,7 +451,8 @@ def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, poison
     y = _force(gpu_ctx, "w4a16", name, lambda: _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32))
     label = f"w4a16 wide prefill g{group_size} {'sym' if symmetric else 'asym'} m={m} tile {tile}"
     check_w4a16(y, x, w, F32, label, assert_close, "forced")
-    x1, want = one_hot_case(rng, int4.dequantize_folded(w.qweight, w.scales, w.qzeros, group_size), m - k)
+    x1, want = one_hot_case(rng, int4.dequantize_folded(w.qweight, w.scales, w.qzeros, group_size), max(m - k, 0))
+    x1, want = x1[:m], want[:m]  # M < K: M of the K columns, in a random order
     m1 = prefill_decode_tail(m, True)  # the decode_frag tail's rows: the exact weight
     want[m1:] = w.dequantize()[:, x1[m1:].argmax(axis=1)].T + np.float32(0)
     x1d = pyquant.DeviceArray.from_numpy(x1.astype(BF16), gpu_ctx)
@@ -440,31 +460,40 @@ def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, poison
     assert_bitwise_equal(y1, want, f"one-hot {label}")
 
 
+@pytest.mark.parametrize("m", [300, 262])
 @pytest.mark.parametrize("waves", [1, 2])
-def test_w4a16_gpu_prefill_stream_k(rng, gpu_ctx, waves, poisoned_output, assert_close, assert_bitwise_equal):
+def test_w4a16_gpu_prefill_stream_k(rng, gpu_ctx, waves, m, poisoned_output, assert_close, assert_bitwise_equal):
     """Tiles of 256 tokens (one block an SM) past a whole wave: waves x SMs + 4 row tiles (the
-    last 120 rows), M = 300 (one 256-token tile, then the ragged 44 tokens as their own launch),
-    K = 2048, g128 asym bf16. prefill_plan spreads one wave and 4 tiles over the SMs as
-    stream-K (each tile's K in about two segments, the block ending it adding the other's
-    partial sums); two waves and 4 tiles are a row split (row_split): the first SMs row tiles
-    whole, a block a tile, then the last wave and the 4 tiles past it as a stream-K launch of
-    their own over the SMs (its row tiles from SMs on). The child's QG_LOG=1 lines say which, and how many blocks. Against
-    the folded reference; twice on one workspace (the counters re-arm, the slots are zeroed);
-    with a bias, fl(y + bias) of the call without one, bit for bit (the bias is added once,
-    after the partial sums)."""
+    last 120 rows), K = 2048, g128 asym bf16; M = 300 (one 256-token tile, then the ragged 44
+    tokens as their own launch) and M = 262 (one fused tile of 272: the 256-token one with the
+    ragged 6 as an n16 wgmma more; QG_EXP_FUSED_TAIL=0: the 6 on decode_frag). prefill_plan
+    spreads one wave and 4 tiles over the SMs as stream-K (each tile's K in about two
+    segments, the block ending it adding the other's partial sums); two waves and 4 tiles are
+    a row split (row_split): the first SMs row tiles whole, a block a tile, then the last wave
+    and the 4 tiles past it as a stream-K launch of their own over the SMs (its row tiles from
+    SMs on). The child's QG_LOG=1 lines say which, and how many blocks. Against the folded
+    reference; twice on one workspace (the counters re-arm, the slots are zeroed); with a
+    bias, fl(y + bias) of the call without one, bit for bit (the bias is added once, after the
+    partial sums)."""
     _need_prefill(gpu_ctx)
     _, _, sms = _prefill_launches_logged(512, 256, 300, 128, False)
     tiles = waves * sms + 4
-    n, k, m = 128 * tiles - 8, 2048, 300
+    n, k = 128 * tiles - 8, 2048
     launches, decodes, _ = _prefill_launches_logged(n, k, m, 128, False)
+    fused = m == 262 and fused_tail_on()
+    tok, tile = (m, 272) if fused else (256, 256)
     if waves == 1:
         heads = 1
-        assert launches[0] == (256, n, 256, tiles, 1, sms, 0), launches
+        assert launches[0] == (tok, n, tile, tiles, 1, sms, 0), launches
     else:
         heads = 2
-        assert launches[0] == (256, n, 256, sms, 0, sms, 0), launches
-        assert launches[1] == (256, n, 256, sms + 4, 1, sms, sms), launches
-    assert [v[:3] for v in launches[heads:]] == [(44, n, 64)] and not decodes, (launches, decodes)
+        assert launches[0] == (tok, n, tile, sms, 0, sms, 0), launches
+        assert launches[1] == (tok, n, tile, sms + 4, 1, sms, sms), launches
+    tail = [(44, n, 64)] if m == 300 else []
+    assert [v[:3] for v in launches[heads:]] == tail, (launches, decodes)
+    assert decodes == ([] if m == 300 or fused else [6]), (launches, decodes)
+    if not fused and m == 262:
+        return  # the decode tail's rows: test_w4a16_gpu_prefill_wide_tile and the ragged tests
     w = random_int4(rng, n, k, 128, False, BF16)
     wd = w.to_device(gpu_ctx)
     x = random_x(rng, m, k, BF16)

@@ -4,7 +4,7 @@ where no GPU context can be created, and where the build has no GPU tier for mxf
 The GPU tiers read the frag layout (pyquant.formats.mxfp4_frag, made by to_device on a GPU
 context through qg_mxfp4_repack): "decode_frag" (M <= 16 per launch) and "prefill_wgmma"
 (larger M), each forced by name in turn as well as run under auto (STYLE 3). Cases: M in
-1, 2, 4, 8, 16, 17, 64, 300, 517; N in 8, 136, 4104 (one padded row block, a partial row
+1, 2, 4, 8, 16, 17, 64, 300, 517, 262 (a fused 272-token tile); N in 8, 136, 4104 (one padded row block, a partial row
 tile, many tiles); K in 32 (one block, padded to 128), 96 (padded), 4096 + 32; fp16 and
 bf16 x; y in x's dtype and fp32; a bias. One-hot activations give the decoded weight bit
 for bit; a block with e = 255 gives NaN; guard bands around every output; the GPU repack
@@ -31,7 +31,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 U32 = 2.0 ** -24
 UNIT_ROUNDOFF = {F32: 2.0 ** -24, F16: 2.0 ** -11, BF16: 2.0 ** -8}
-M_VALUES = (1, 2, 4, 8, 16, 17, 64, 300, 517)
+M_VALUES = (1, 2, 4, 8, 16, 17, 64, 300, 517, 262)
 E_FINITE = (118, 130)   # E8M0 scales 2^-9 .. 2^3: finite sums far from overflow
 K_OF_N = {8: 32, 136: 96, 4104: 4096 + 32}   # one block; three (padded); a real K
 

@@ -2,6 +2,8 @@
 // launch. NVIDIA sm_90a only (wgmma, TMA); on other builds and devices it is not usable.
 #include <stdint.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
 
 #include "formats/w4a16_frag.h"
@@ -40,7 +42,10 @@ qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream)
 }  // namespace
 
 int frag_launch::prefill_smem(int bn) {
-    return bn == 256 ? PrefillSmem<256>::SMEM : bn == 128 ? PrefillSmem<128>::SMEM : PrefillSmem<64>::SMEM;
+    return bn == PF_FUSED_BN ? PrefillSmem<PF_FUSED_BN>::SMEM
+           : bn == 256 ? PrefillSmem<256>::SMEM
+           : bn == 128 ? PrefillSmem<128>::SMEM
+                       : PrefillSmem<64>::SMEM;
 }
 
 bool frag_launch::prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
@@ -97,8 +102,9 @@ struct PrefillPlan {
     int64_t grid = 0;       // stream-K blocks
 };
 
-// rows: the launch's row tiles from row_tile0 (0: all of the weight's)
-PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code, int64_t row_tile0 = 0, int64_t rows = 0) {
+// rows: the launch's row tiles from row_tile0 (0: all of the weight's); bn: the token tile (0: by M)
+PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code, int64_t row_tile0 = 0, int64_t rows = 0,
+                         int bn = 0) {
     PrefillPlan pl;
     const frag::Geometry geo(a.n, a.k, a.group_size);
     pl.row_tile0 = row_tile0;
@@ -106,6 +112,7 @@ PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code, int64_t
     pl.fold = prefill_folds(elem_type(a.x_dtype), elem_type(a.scale_dtype), code);
     pl.bn = a.m <= 64 ? 64 : a.m <= 128 || !pl.fold ? 128 : 256;
     if (ctx->prefill_tile > 0) pl.bn = ctx->prefill_tile == 256 && !pl.fold ? 128 : static_cast<int>(ctx->prefill_tile);
+    if (bn > 0) pl.bn = bn;
     pl.token_tiles = ceil_div(a.m, pl.bn);
     pl.tiles = pl.row_tiles * pl.token_tiles;
     const int per_sm =
@@ -189,8 +196,8 @@ int slice_launches(const qg_context* ctx, const Args& a, int code, const Prefill
     for (const bool wide : {true, false}) {
         const int64_t tail = row_split(pl, ctx, wide);
         if (tail <= 0) continue;
-        const PrefillPlan head = prefill_plan(ctx, a, code, 0, pl.row_tiles - tail);
-        const PrefillPlan last = prefill_plan(ctx, a, code, pl.row_tiles - tail, tail);
+        const PrefillPlan head = prefill_plan(ctx, a, code, 0, pl.row_tiles - tail, pl.bn);
+        const PrefillPlan last = prefill_plan(ctx, a, code, pl.row_tiles - tail, tail, pl.bn);
         if (!head.stream_k && last.stream_k) {
             out[0] = Launch{a, head};
             out[1] = Launch{a, last};
@@ -211,11 +218,30 @@ int slice_launches(const qg_context* ctx, const Args& a, int code, const Prefill
 //     tile of every row tile (M = 300: 2.1x M = 256; M = 517: 1.7x M = 512, measured), so it
 //     runs as a second prefill launch with the tile its own M picks (64 or 128). A ragged tile
 //     of 128 costs no more than a second 128-token launch would.
+// Before both: a call of 257 .. 256 + kFusedTail (16) tokens runs as one fused tile of
+// PF_FUSED_BN (272) tokens (PrefillSmem: its extra tokens one more wgmma n16 on the same A
+// registers) where the kernel has one (W4A16 folded, MXFP4), so that no second launch reads and
+// dequantizes every weight for the tail. Measured (H100, session 40): M = 262 -12 to -23 % against
+// the decode_frag tail; the fused tile costs ~1.2x a 256-token one. Past two or more token
+// tiles (M = 517) it was no gain: the whole tiles before it then run as a launch of their own
+// (a partial wave each), +2.5 % on 43008 x 5376 and -10 % on 4096 x 14336 against the decode
+// tail, so there the tail stays on decode_frag. QG_EXP_FUSED_TAIL=0 turns it off (the A/B).
 // Each token slice's launches are slice_launches': a row split may make them two.
 constexpr int kMaxLaunches = 4;
+constexpr int kFusedTail = PF_FUSED_BN - 256;
+bool fused_tail_enabled() {
+    static const bool on = [] {
+        const char* v = getenv("QG_EXP_FUSED_TAIL");
+        return v == nullptr || v[0] != '0';
+    }();
+    return on;
+}
 int plan_launches(const qg_context* ctx, const Args& a, int code, Launch (&out)[kMaxLaunches]) {
     const PrefillPlan pl = prefill_plan(ctx, a, code);
     const int64_t tail = a.m % pl.bn;
+    if (ctx->prefill_tile == 0 && pl.bn == 256 && a.m > 256 && a.m <= 256 + kFusedTail && fused_tail_enabled() &&
+        kernel_of(a, PF_FUSED_BN, code, false) != nullptr)
+        return slice_launches(ctx, a, code, prefill_plan(ctx, a, code, 0, 0, PF_FUSED_BN), out);
     if (ctx->prefill_tile == 0 && a.m > pl.bn && tail != 0) {
         const Args head = token_slice(a, 0, a.m - tail), rest = token_slice(a, a.m - tail, tail);
         const char* why = nullptr;
@@ -243,7 +269,8 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
     qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, what);
     if (st != QG_OK) return st;
     qg_tensor_map map;
-    st = launch_util::encode_x_map(a.x, a.m, a.k, a.ldx, a.x_dtype, bn, &map, "w4a16 prefill");
+    // a box holds at most 256 rows: the fused tile copies two boxes of bn / 2 a tile
+    st = launch_util::encode_x_map(a.x, a.m, a.k, a.ldx, a.x_dtype, bn > 256 ? bn / 2 : bn, &map, "w4a16 prefill");
     if (st != QG_OK) return st;
     PrefillParams p{};
     p.qweight = reinterpret_cast<const uint32_t*>(a.qweight);
