@@ -99,7 +99,7 @@ template <int XT, int MT, int G, bool ASYM, int CODE>
 // Two blocks an SM, except for the byte plane's codes (Q8_0, Q6_K): Q8_0's four tile loads a row block and unit need 250 registers
 // (ptxas), which two blocks an SM cut to 128 with 92-104 bytes spilled; one block an SM keeps
 // them and measured 0.84-0.98x the time on the H200 at M = 1..16 (bench/NOTES.md, 2026-12-04).
-__global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? 1 : 2) decode_frag(const FragParams p) {
+__global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? FRAG_MIN_BLOCKS / 2 : FRAG_MIN_BLOCKS) decode_frag(const FragParams p) {
 #if defined(QG_HAS_MMA_SYNC)
     typedef FragStage<MT> St;
     constexpr int GC = 128 / G;

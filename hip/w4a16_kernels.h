@@ -152,7 +152,16 @@ struct FragParams {
 // only the unit's x chunk is shared, through a FRAG_X_STAGES ring in shared memory.
 constexpr int FRAG_WARPS = 8;
 constexpr int FRAG_THREADS = FRAG_WARPS * 32;
-constexpr int FRAG_RB_PER_WARP = 2;
+// QG_FRAG_RB_PER_WARP / QG_FRAG_MIN_BLOCKS: build-time overrides for measuring other
+// geometries (bench/NOTES.md), host and device alike; the defaults are what ships.
+#ifndef QG_FRAG_RB_PER_WARP
+#define QG_FRAG_RB_PER_WARP 2
+#endif
+#ifndef QG_FRAG_MIN_BLOCKS
+#define QG_FRAG_MIN_BLOCKS 2
+#endif
+constexpr int FRAG_RB_PER_WARP = QG_FRAG_RB_PER_WARP;
+constexpr int FRAG_MIN_BLOCKS = QG_FRAG_MIN_BLOCKS;  // thread blocks an SM the registers are cut for
 constexpr int FRAG_TILE_RB = FRAG_WARPS * FRAG_RB_PER_WARP;  // 16 row blocks
 constexpr int FRAG_TILE_ROWS = FRAG_TILE_RB * 16;            // 256 rows
 constexpr int FRAG_X_STAGES = 4;
