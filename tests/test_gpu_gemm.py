@@ -50,11 +50,20 @@ def w4a16_bound(k: int, y_dtype) -> float:
 gguf_float_bound = w4a16_bound
 
 
-FUSED_TAIL = 16  # src/gpu/w4a16_prefill_launch.cpp kFusedTail (PF_FUSED_BN = 256 + 16)
+FUSED_BN = 272  # hip/w4a16_kernels.h PF_FUSED_BN (a 256-token tile and 16 tokens more)
+FUSED_TILES = 2  # src/gpu/w4a16_prefill_launch.cpp kFusedTiles
 
 
 def fused_tail_on() -> bool:
     return os.environ.get("QG_EXP_FUSED_TAIL", "1") != "0"
+
+
+def fused_tiles(m: int) -> int:
+    """Token tiles of FUSED_BN a folded call of m tokens runs on, or 0 where it runs on
+    256-token tiles: plan_launches takes the fused tile where it needs fewer token tiles than
+    256 does, at most FUSED_TILES (257 .. 272 and 513 .. 544 tokens)."""
+    fused = -(-m // FUSED_BN)
+    return fused if m > 128 and fused < -(-m // 256) and fused <= FUSED_TILES and fused_tail_on() else 0
 
 
 def prefill_decode_tail(m: int, folds: bool) -> int:
@@ -62,11 +71,11 @@ def prefill_decode_tail(m: int, folds: bool) -> int:
     plan (src/gpu/w4a16_prefill_launch.cpp, plan_launches) takes a token tile of 64 up to 64
     tokens, 128 up to 128 or where the scale does not fold into A, else 256, and runs a
     ragged tail of at most 16 tokens past the last full tile on decode_frag, except where
-    the call is one 256-token tile and such a tail (257 .. 272 tokens): a fused tile of 272
-    (the wide-tile test asserts it from the QG_LOG lines; QG_EXP_FUSED_TAIL=0 turns it off)."""
+    the call fits fused tiles of 272 (fused_tiles; the wide-tile test asserts it from the
+    QG_LOG lines; QG_EXP_FUSED_TAIL=0 turns it off)."""
     tile = 64 if m <= 64 else 128 if m <= 128 or not folds else 256
     tail = m % tile
-    if tile == 256 and m - tail == 256 and 0 < tail <= FUSED_TAIL and fused_tail_on():
+    if tile == 256 and fused_tiles(m):
         return m
     return m - tail if m >= tile and 0 < tail <= 16 else m
 
@@ -421,12 +430,13 @@ def _prefill_launches_logged(n: int, k: int, m: int, g: int, symmetric: bool) ->
 def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, m, poisoned_output, assert_close,
                                      assert_bitwise_equal):
     """bf16 x and bf16 scales above 128 tokens: N = 128 x 132 (132 row tiles), K = 384 (3
-    chunks: 12, 6 or 3 groups), M = 520 (two token tiles of 256 and a tail of 8) and M = 262.
-    prefill_plan (src/gpu/w4a16_prefill_launch.cpp) takes the 256-token tile wherever the
-    kernel folds and M > 128, and runs a tail of at most 16 tokens past the last full 256 on
-    decode_frag, except where the call is a single tile with such a tail (257 .. 272 tokens):
-    that runs as one fused tile of 272 (QG_EXP_FUSED_TAIL=0: the decode tail again). A
-    child's QG_LOG=1 lines give each launch's tokens and tile. Against the folded reference
+    chunks: 12, 6 or 3 groups), M = 520 and M = 262. prefill_plan
+    (src/gpu/w4a16_prefill_launch.cpp) takes the 256-token tile wherever the kernel folds and
+    M > 128, and runs a tail of at most 16 tokens past the last full 256 on decode_frag,
+    except where the call fits one or two fused tiles of 272 (257 .. 272, 513 .. 544 tokens):
+    M = 520 then runs as two token tiles of 272 and M = 262 as one, in one launch
+    (QG_EXP_FUSED_TAIL=0: 512 or 256 tokens on 256-token tiles and the tail of 8 or 6 on
+    decode_frag). A child's QG_LOG=1 lines give each launch's tokens and tile. Against the folded reference
     (check_w4a16), and one-hot rows (M again) give each folded weight bit for bit (the exact
     weight on a decode_frag tail's rows)."""
     _need_prefill(gpu_ctx)
@@ -434,14 +444,14 @@ def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, m, poi
     launches, decodes, sms = _prefill_launches_logged(n, k, m, group_size, symmetric)
     seen = f"{sms} SMs, M = {m}: the plan launched {launches} and decode_frag on {decodes} tokens"
     # 132 tiles a token tile (one wave on 132 SMs; elsewhere a row split may add a launch)
-    if m == 262 and fused_tail_on():
-        assert {v[:3] for v in launches} == {(262, n, 272)} and sum(v[3] for v in launches) == 132 \
+    if fused_tail_on():
+        assert {v[:3] for v in launches} == {(m, n, FUSED_BN)} and sum(v[3] for v in launches) == 132 * -(-m // FUSED_BN) \
             and decodes == [], seen
     else:
         head = m - m % 256
         assert {v[:3] for v in launches} == {(head, n, 256)} and sum(v[3] for v in launches) == 132 * head // 256 \
             and decodes == [m - head], seen
-    assert prefill_decode_tail(m, True) == (m if m == 262 and fused_tail_on() else m - m % 256)
+    assert prefill_decode_tail(m, True) == (m if fused_tail_on() else m - m % 256)
     tile = 256
     name = next(t for t in tiers.tiers()["w4a16"] if t.endswith(":prefill_wgmma"))
     w = random_int4(rng, n, k, group_size, symmetric, BF16)
@@ -480,7 +490,7 @@ def test_w4a16_gpu_prefill_stream_k(rng, gpu_ctx, waves, m, poisoned_output, ass
     tiles = waves * sms + 4
     n, k = 128 * tiles - 8, 2048
     launches, decodes, _ = _prefill_launches_logged(n, k, m, 128, False)
-    fused = m == 262 and fused_tail_on()
+    fused = fused_tiles(m) > 0
     tok, tile = (m, 272) if fused else (256, 256)
     if waves == 1:
         heads = 1

@@ -218,17 +218,19 @@ int slice_launches(const qg_context* ctx, const Args& a, int code, const Prefill
 //     tile of every row tile (M = 300: 2.1x M = 256; M = 517: 1.7x M = 512, measured), so it
 //     runs as a second prefill launch with the tile its own M picks (64 or 128). A ragged tile
 //     of 128 costs no more than a second 128-token launch would.
-// Before both: a call of 257 .. 256 + kFusedTail (16) tokens runs as one fused tile of
-// PF_FUSED_BN (272) tokens (PrefillSmem: its extra tokens one more wgmma n16 on the same A
-// registers) where the kernel has one (W4A16 folded, MXFP4), so that no second launch reads and
-// dequantizes every weight for the tail. Measured (H100, session 40): M = 262 / 272 15-26 % faster
-// than with the decode_frag tail; the fused tile costs ~1.15x a 256-token one. Past two or more token
-// tiles (M = 517) it was no gain: the whole tiles before it then run as a launch of their own
-// (a partial wave each), +2.5 % on 43008 x 5376 and -10 % on 4096 x 14336 against the decode
-// tail, so there the tail stays on decode_frag. QG_EXP_FUSED_TAIL=0 turns it off (the A/B).
+// Before both: a call whose tokens fit one token tile fewer of PF_FUSED_BN (272) than of 256,
+// at most kFusedTiles of them (257 .. 272 and 513 .. 544 tokens), runs on the fused tile
+// (PrefillSmem: its 16 extra tokens one more wgmma n16 on the same A registers) where the
+// kernel has one (W4A16 folded, MXFP4), so that no second launch reads and dequantizes every
+// weight for the tail. Measured (H100, session 40): M = 262 / 272 15-26 % faster than with the
+// decode_frag tail; the fused tile costs ~1.15x a 256-token one, so three of them (M = 769 ..
+// 816: 0.45 of a tile more) would cost more than the tail. Session 40's M = 517 as the 256-token
+// whole tiles and then one fused tile (two launches, a partial wave each) was no gain; the whole
+// call on 272-token tiles is one launch (bench/NOTES.md, session 41). QG_EXP_FUSED_TAIL=0 turns
+// it off (the A/B).
 // Each token slice's launches are slice_launches': a row split may make them two.
 constexpr int kMaxLaunches = 4;
-constexpr int kFusedTail = PF_FUSED_BN - 256;
+constexpr int kFusedTiles = 2;
 bool fused_tail_enabled() {
     static const bool on = [] {
         const char* v = getenv("QG_EXP_FUSED_TAIL");
@@ -239,8 +241,9 @@ bool fused_tail_enabled() {
 int plan_launches(const qg_context* ctx, const Args& a, int code, Launch (&out)[kMaxLaunches]) {
     const PrefillPlan pl = prefill_plan(ctx, a, code);
     const int64_t tail = a.m % pl.bn;
-    if (ctx->prefill_tile == 0 && pl.bn == 256 && a.m > 256 && a.m <= 256 + kFusedTail && fused_tail_enabled() &&
-        kernel_of(a, PF_FUSED_BN, code, false) != nullptr)
+    const int64_t fused_tiles = ceil_div(a.m, PF_FUSED_BN);
+    if (ctx->prefill_tile == 0 && pl.bn == 256 && fused_tiles < pl.token_tiles && fused_tiles <= kFusedTiles &&
+        fused_tail_enabled() && kernel_of(a, PF_FUSED_BN, code, false) != nullptr)
         return slice_launches(ctx, a, code, prefill_plan(ctx, a, code, 0, 0, PF_FUSED_BN), out);
     if (ctx->prefill_tile == 0 && a.m > pl.bn && tail != 0) {
         const Args head = token_slice(a, 0, a.m - tail), rest = token_slice(a, a.m - tail, tail);
