@@ -13,7 +13,7 @@
 // blocks come global -> registers two chunks ahead (decode_frag's pipeline), and mma.sync
 // m16n8k16 runs only over the 8-token column tiles that hold a real pair (T = 1: one of them).
 // bf16 x takes the E8M0 scale into the A registers (E2M1 value x 2^(e - 127) is exact in bf16:
-// the prefill's FOLD, hip/w4a16_prefill.hip), fp16 x sums each group of 32 in fp32 and scales
+// the prefill's FOLD, hip/prefill_wgmma.h), fp16 x sums each group of 32 in fp32 and scales
 // it there (decode_frag's arithmetic).
 #include <stdint.h>
 

@@ -98,7 +98,7 @@ const void* gemm_kernel(int x_type, int mt, int stage);
 
 // ---------------------------------------------------------------- grouped wgmma path (tile_m 64..256)
 // Many tokens per expert: each stage gathers its activation rows by expert tile into the
-// workspace (moe_gather), runs the W4A16 prefill kernel grouped (hip/w4a16_prefill.hip,
+// workspace (moe_gather), runs the W4A16 prefill kernel grouped (hip/prefill_wgmma.h,
 // PrefillParams::tile_experts) into fp32 rows per pair, and stage 1 applies the activation
 // (moe_act), which clears those rows; the gathered rows are cleared by a memset.
 struct GatherParams {

@@ -6,7 +6,8 @@
 //   decode_simt     hip/w4a16_simt.hip          both       <gpu>:simt (portable)
 //   decode_mma      hip/w4a16_decode_mma.hip    canonical  <gpu>:decode_mma (sm_80+)
 //   decode_frag     hip/w4a16_decode_frag.hip   frag       <gpu>:decode_frag (sm_80+)
-//   prefill_wgmma   hip/w4a16_prefill.hip       frag       <gpu>:prefill_wgmma (sm_90a)
+//   prefill_wgmma   hip/prefill_wgmma.h         frag       <gpu>:prefill_wgmma (sm_90a)
+//                   (instantiated in hip/w4a16_prefill.hip and hip/w4a16_prefill_sk.hip)
 //   repack_frag     hip/w4a16_repack.hip        -> frag    qg_w4a16_repack on a GPU context
 #pragma once
 
@@ -249,6 +250,10 @@ constexpr int PF_ROWS = 128;          // weight rows per block
 #define QG_PF_FUSED_BN 272
 #endif
 constexpr int PF_FUSED_BN = QG_PF_FUSED_BN;
+// Token rows of one TMA box of x for a token tile of bn: a box holds at most 256 rows, so the
+// fused tile copies two boxes of bn / 2 a step. The launchers' tensor maps and the kernel's
+// copies both take it from here.
+__host__ __device__ constexpr int prefill_box_rows(int bn) { return bn > 256 ? bn / 2 : bn; }
 template <int BN>
 struct PrefillSmem {
     static constexpr int STAGES = BN >= 256 ? 5 : 8;
@@ -257,7 +262,7 @@ struct PrefillSmem {
     static constexpr int SMEM = 1024 + BAR_OFF + 2 * STAGES * 8;  // + 1024: alignment slack
 };
 
-// The prefill takes the scale into its A registers ("fold", hip/w4a16_prefill.hip) where x is
+// The prefill takes the scale into its A registers ("fold", hip/prefill_wgmma.h) where x is
 // bf16: each weight (q - z) * s (W4A16) or e2m1 * 2^(e - 127) (MXFP4, whose E8M0 scales reach
 // the kernel as bf16 bits) is rounded once to bf16, round to nearest even, and the wgmmas sum
 // all of K in one accumulator set. bf16 scales: one bf16 multiply (FOLD_BF16). fp16 scales

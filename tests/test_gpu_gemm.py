@@ -531,7 +531,7 @@ def _staged_equals_rounded_fp32(gpu_ctx, xd, wd, m, n, x_dt, label, assert_bitwi
 
 @pytest.mark.parametrize("case", ["int4-fold", "int4-grp", "q4_0-n4099"])
 def test_gpu_prefill_staged_output(rng, gpu_ctx, case, assert_bitwise_equal):
-    """The prefill's staged epilogue (hip/w4a16_prefill.hip store_tile_staged: y of x's 16-bit
+    """The prefill's staged epilogue (hip/prefill_wgmma.h store_tile_staged: y of x's 16-bit
     type with 16-byte-aligned rows goes through shared memory by stmatrix and out in 16-byte
     pieces) against the element-wise epilogue of the float32 output of the same call, rounded
     once to x's type: the two must agree bit for bit (the same sums, the same one rounding),

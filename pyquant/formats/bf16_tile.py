@@ -1,6 +1,6 @@
 """The error model of a GPU tier that rounds each dequantized weight to bf16 before the
 matrix instruction: the GGUF prefill tier (gguf_tier 3, hip/gguf_prefill.hip) and the W4A16
-prefill tier with bf16 x and bf16 scales (the scale folded into A, hip/w4a16_prefill.hip;
+prefill tier with bf16 x and bf16 scales (the scale folded into A, hip/prefill_wgmma.h;
 its weights are pyquant.formats.int4.dequantize_folded).
 
 The tier decodes every weight in float32 exactly as the reference does (the `gguf` package's

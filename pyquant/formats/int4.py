@@ -333,7 +333,7 @@ def prefill_folds(x_dtype, scale_dtype) -> bool:
 
 
 def dequantize_folded(qweight: np.ndarray, scales: np.ndarray, qzeros, group_size: int) -> np.ndarray:
-    """The weights as the folded GPU prefill sees them (hip/w4a16_prefill.hip, FOLD): each
+    """The weights as the folded GPU prefill sees them (hip/prefill_wgmma.h, FOLD): each
     (q - z) * s rounded once to bf16, round to nearest even; float32 [N, K].
 
     |q - z| <= 15 has at most 4 significant bits and a bf16 (or fp16) scale at most 8 (11), so

@@ -1,4 +1,4 @@
-// The frag-layout GPU kernels (hip/w4a16_decode_frag.hip, hip/w4a16_prefill.hip) behind three
+// The frag-layout GPU kernels (hip/w4a16_decode_frag.hip, hip/prefill_wgmma.h) behind three
 // families' tiers: W4A16 (CODE_INT4, src/gpu/w4a16_*launch.cpp), MXFP4 (CODE_E2M1, which
 // src/gpu/mxfp4_launch.cpp states as a W4A16 frag call of G = 32, bf16 scales, no zeros) and
 // GGUF Q4_0 / Q4_K / IQ4_XS / Q8_0 / Q6_K / IQ3_XXS (CODE_INT4 / CODE_Q4_K / CODE_IQ4_XS / CODE_Q8_0 /

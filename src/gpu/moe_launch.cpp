@@ -280,7 +280,7 @@ qg_status stage2_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_s
 // ---------------------------------------------------------------- grouped wgmma (tile_m 64..256)
 //
 // Stage s: gather the activation rows by expert tile into the workspace (an expert tile = one
-// token tile of the W4A16 prefill kernel, hip/w4a16_prefill.hip), the prefill grouped over
+// token tile of the W4A16 prefill kernel, hip/prefill_wgmma.h), the prefill grouped over
 // the experts' planes into fp32 rows per pair, then stage 1's activation (clearing those rows)
 // or stage 2's top-k sum (moe_combine, clearing them too), and the gathered rows cleared.
 
@@ -334,7 +334,7 @@ qg_status launch_grouped(const qg_context* ctx, const GemmCall& c, qg_dtype x_dt
     qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, what);
     if (st != QG_OK) return st;
     qg_tensor_map map;
-    st = launch_util::encode_x_map(gathered, max_sorted, c.p.k, c.p.k, x_dtype, bn, &map, what);
+    st = launch_util::encode_x_map(gathered, max_sorted, c.p.k, c.p.k, x_dtype, prefill_box_rows(bn), &map, what);
     if (st != QG_OK) return st;
     const int row_blocks = parts * c.p.part_blocks;
     PrefillParams p{};

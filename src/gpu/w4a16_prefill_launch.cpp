@@ -1,4 +1,4 @@
-// W4A16 prefill tier (hip/w4a16_prefill.hip): its table entry, the tensor map of x and the
+// W4A16 prefill tier (hip/prefill_wgmma.h): its table entry, the tensor map of x and the
 // launch. NVIDIA sm_90a only (wgmma, TMA); on other builds and devices it is not usable.
 #include <stdint.h>
 
@@ -272,8 +272,7 @@ qg_status prefill_once(const qg_context* ctx, const Args& a, const PrefillPlan& 
     qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, what);
     if (st != QG_OK) return st;
     qg_tensor_map map;
-    // a box holds at most 256 rows: the fused tile copies two boxes of bn / 2 a tile
-    st = launch_util::encode_x_map(a.x, a.m, a.k, a.ldx, a.x_dtype, bn > 256 ? bn / 2 : bn, &map, "w4a16 prefill");
+    st = launch_util::encode_x_map(a.x, a.m, a.k, a.ldx, a.x_dtype, prefill_box_rows(bn), &map, "w4a16 prefill");
     if (st != QG_OK) return st;
     PrefillParams p{};
     p.qweight = reinterpret_cast<const uint32_t*>(a.qweight);
