@@ -63,7 +63,7 @@ def fused_tiles(m: int) -> int:
     256-token tiles: plan_launches takes the fused tile where it needs fewer token tiles than
     256 does, at most FUSED_TILES (257 .. 272 and 513 .. 544 tokens)."""
     fused = -(-m // FUSED_BN)
-    return fused if m > 128 and fused < -(-m // 256) and fused <= FUSED_TILES and fused_tail_on() else 0
+    return fused if fused < -(-m // 256) and fused <= FUSED_TILES and fused_tail_on() else 0
 
 
 def prefill_decode_tail(m: int, folds: bool) -> int:
@@ -436,17 +436,17 @@ def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, m, poi
     except where the call fits one or two fused tiles of 272 (257 .. 272, 513 .. 544 tokens):
     M = 520 then runs as two token tiles of 272 and M = 262 as one, in one launch
     (QG_EXP_FUSED_TAIL=0: 512 or 256 tokens on 256-token tiles and the tail of 8 or 6 on
-    decode_frag). A child's QG_LOG=1 lines give each launch's tokens and tile. Against the folded reference
-    (check_w4a16), and one-hot rows (M again) give each folded weight bit for bit (the exact
-    weight on a decode_frag tail's rows)."""
+    decode_frag). A child's QG_LOG=1 lines give each launch's tokens and tile. Against the
+    folded reference (check_w4a16), and one-hot rows (M again) give each folded weight bit for
+    bit (the exact weight on a decode_frag tail's rows)."""
     _need_prefill(gpu_ctx)
     n, k = 128 * 132, 384
     launches, decodes, sms = _prefill_launches_logged(n, k, m, group_size, symmetric)
     seen = f"{sms} SMs, M = {m}: the plan launched {launches} and decode_frag on {decodes} tokens"
     # 132 tiles a token tile (one wave on 132 SMs; elsewhere a row split may add a launch)
     if fused_tail_on():
-        assert {v[:3] for v in launches} == {(m, n, FUSED_BN)} and sum(v[3] for v in launches) == 132 * -(-m // FUSED_BN) \
-            and decodes == [], seen
+        assert {v[:3] for v in launches} == {(m, n, FUSED_BN)} \
+            and sum(v[3] for v in launches) == 132 * fused_tiles(m) and decodes == [], seen
     else:
         head = m - m % 256
         assert {v[:3] for v in launches} == {(head, n, 256)} and sum(v[3] for v in launches) == 132 * head // 256 \
@@ -491,7 +491,7 @@ def test_w4a16_gpu_prefill_stream_k(rng, gpu_ctx, waves, m, poisoned_output, ass
     n, k = 128 * tiles - 8, 2048
     launches, decodes, _ = _prefill_launches_logged(n, k, m, 128, False)
     fused = fused_tiles(m) > 0
-    tok, tile = (m, 272) if fused else (256, 256)
+    tok, tile = (m, FUSED_BN) if fused else (256, 256)
     if waves == 1:
         heads = 1
         assert launches[0] == (tok, n, tile, tiles, 1, sms, 0), launches
