@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "compat.h"
+#include "glu.h"
 #include "mma.h"
 #include "moe_kernels.h"
 #include "quantgemm.h"
@@ -66,6 +67,7 @@ __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(const AlignParams p) 
         const int e = pair_expert(p, base + lane, hi);
         const unsigned same = same_key_lanes(e);
         if (e >= 0 && lane == __ffs(same) - 1) cnt[warp * E + e] += __popc(same);
+        __syncwarp();  // the next step's leader of e may be another lane (racecheck: a hazard without it)
     }
     __syncthreads();
     for (int e = tid; e < E; e += ALIGN_THREADS) {
@@ -139,16 +141,6 @@ struct ChunkRegs {
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// The activations of include/quantgemm.h, as the CPU tier computes them (src/cpu/moe.cpp):
-// the clamps are written as comparisons so that a NaN passes through as it does there.
-__device__ __forceinline__ float glu(int act, float g, float u, float alpha, float limit) {
-    if (act == QG_ACT_SILU_GLU) return g / (1.0f + expf(-g)) * u;
-    g = limit < g ? limit : g;
-    u = u < -limit ? -limit : u;
-    u = limit < u ? limit : u;
-    return g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
 }
 
 }  // namespace
@@ -406,13 +398,8 @@ __global__ void __launch_bounds__(ACT_THREADS) moe_act(const ActParams p) {
             }
             const float g = gate[j] + bias_at(p.bias, b0 + (p.concat ? c : 2 * c));
             const float u = up[j] + bias_at(p.bias, b0 + (p.concat ? p.inter + c : 2 * c + 1));
-#if defined(QG_HAS_MMA_SYNC)
             store_out(p.act, static_cast<int64_t>(q) * p.inter + c, glu(p.activation, g, u, p.alpha, p.limit),
                       p.act_type);
-#else
-            (void)g, (void)u;
-            qg_device_trap();
-#endif
         }
     }
 }

@@ -98,9 +98,12 @@ const void* gemm_kernel(int x_type, int mt, int stage);
 
 // ---------------------------------------------------------------- grouped wgmma path (tile_m 64..256)
 // Many tokens per expert: each stage gathers its activation rows by expert tile into the
-// workspace (moe_gather), runs the W4A16 prefill kernel grouped (hip/prefill_wgmma.h,
-// PrefillParams::tile_experts) into fp32 rows per pair, and stage 1 applies the activation
-// (moe_act), which clears those rows; the gathered rows are cleared by a memset.
+// workspace (moe_gather) and runs the W4A16 prefill kernel grouped (hip/prefill_wgmma.h,
+// PrefillParams::tile_experts): stage 1 with the activation in its epilogue (a row tile holds
+// gate and up of 64 channels, PrefillParams::act), stage 2 into fp32 rows per pair for
+// moe_combine; the gathered rows are cleared by a memset. moe_act serves the mma.sync tiles'
+// split-K, and the grouped stage 1 under QG_EXP_MOE_FUSED_ACT=0 (fp32 gate / up rows, which it
+// clears).
 struct GatherParams {
     const uint16_t* src;        // x [T, K] (row stride ld) or act [P, K]
     int64_t ld;

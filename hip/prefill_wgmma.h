@@ -51,6 +51,7 @@
 #include <stdint.h>
 
 #include "compat.h"
+#include "glu.h"
 #include "mma.h"
 #include "w4a16_kernels.h"
 #include "wgmma.h"
@@ -514,19 +515,15 @@ __device__ __forceinline__ void store_dense(WgAcc<BN>& acc, const PrefillParams&
         store_tile<BN>(acc, p, tok0, rb);
 }
 
-// The grouped (MoE) epilogue through shared memory, for its fp32 pair rows (the launcher's y,
-// 16-byte aligned rows): the tile's token rows of 128 fp32 (padded by 16 bytes: the stores of
-// a warp's lanes, rows g and tokens 2 t, fall in 32 distinct banks), then each thread copies
-// 16-byte pieces (4 weight rows of one gathered token) to the token's output row, the
-// expert's bias added: 16 pieces a thread at 128 tokens, where the element-wise form did 64
-// stores, each behind its own out_rows load and four tests. Rows past N and the padding rows
-// of a part (n % part_rows >= part_valid) are not stored, nor tokens whose out_rows entry is
-// outside [0, out_limit). All threads of the block call it; the x ring must be idle.
+// A staged fp32 token row: the tile's 128 weight rows, padded by 16 bytes (the stores of a warp's
+// lanes, rows g and tokens 2 t, fall in 32 distinct banks).
 constexpr int PF_STAGE_STRIDE_F32 = PF_ROWS * 4 + 16;
 
+// The block's fp32 tile into shared memory: token row r of the tile at r * PF_STAGE_STRIDE_F32,
+// its 128 weight rows (tile row 16 warp + g + 8 (i >> 1)) as consecutive floats. All threads
+// call it; the x ring must be idle (the first barrier).
 template <int BN>
-__device__ __forceinline__ void store_grouped_staged(const WgAcc<BN>& acc, const PrefillParams& p,
-                                                     unsigned char* stage, int tok0, int rb, int64_t b0) {
+__device__ __forceinline__ void stage_tile_f32(const WgAcc<BN>& acc, unsigned char* stage) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     __syncthreads();  // every warp's wgmmas have read their last x tile
     // d[4 j + i]: token 8 j + 2 t + (i & 1), row 16 warp + g + 8 (i >> 1)
@@ -537,6 +534,20 @@ __device__ __forceinline__ void store_grouped_staged(const WgAcc<BN>& acc, const
         for (int i = 0; i < 4; ++i)
             sts32_at(base + (8 * j + (i & 1)) * PF_STAGE_STRIDE_F32 + 32 * (i >> 1), acc.d[4 * j + i]);
     __syncthreads();
+}
+
+// The grouped (MoE) epilogue through shared memory, for its fp32 pair rows (the launcher's y,
+// 16-byte aligned rows): the tile's token rows of 128 fp32 (stage_tile_f32), then each thread copies
+// 16-byte pieces (4 weight rows of one gathered token) to the token's output row, the
+// expert's bias added: 16 pieces a thread at 128 tokens, where the element-wise form did 64
+// stores, each behind its own out_rows load and four tests. Rows past N and the padding rows
+// of a part (n % part_rows >= part_valid) are not stored, nor tokens whose out_rows entry is
+// outside [0, out_limit). All threads of the block call it; the x ring must be idle.
+template <int BN>
+__device__ __forceinline__ void store_grouped_staged(const WgAcc<BN>& acc, const PrefillParams& p,
+                                                     unsigned char* stage, int tok0, int rb, int64_t b0) {
+    const int tid = threadIdx.x, warp = tid >> 5;
+    stage_tile_f32<BN>(acc, stage);
     // thread tid: rows 4 (tid % 32) .. + 3 of token rows tid / 32 + 8 it (a warp: one 512-byte row)
     const int piece = tid & 31, row0 = tid >> 5;
     const int n = (rb - warp) * 16 + 4 * piece;
@@ -563,6 +574,51 @@ __device__ __forceinline__ void store_grouped_staged(const WgAcc<BN>& acc, const
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 if (in[e]) dst[e] = o[e];
+        }
+    }
+}
+
+// Grouped stage 1, the gated activation fused (PrefillParams::act): the tile's gate sums are
+// tile rows 0..63 (warps 0-3), the same channels' up sums rows 64..127 (warps 4-7); through
+// shared memory, thread tid takes channels 4 (tid % 16) .. + 3 of token rows tid / 16 + 16 it
+// and writes act = glu(gate + bias, up + bias) for them, rounded once to x's type (8-byte
+// stores where the four are in range and the row allows). The fp32 sums and the bias are those
+// moe_act adds to the unfused path's gate / up rows, so the bits are the same.
+template <int XT, int BN>
+__device__ __forceinline__ void store_glu_staged(const WgAcc<BN>& acc, const PrefillParams& p, unsigned char* stage,
+                                                 int tok0, int rt, int64_t b0) {
+    stage_tile_f32<BN>(acc, stage);
+    const int tid = threadIdx.x, piece = tid & 15, row0 = tid >> 4;
+    const int inter = p.part_valid, c = rt * (PF_ROWS / 2) + 4 * piece;
+    bool in[4];
+    float gate_b[4], up_b[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        in[e] = c + e < inter;
+        gate_b[e] = in[e] ? bias_at(p.bias, b0 + (p.concat ? c + e : 2 * (c + e))) : 0.0f;
+        up_b[e] = in[e] ? bias_at(p.bias, b0 + (p.concat ? inter + c + e : 2 * (c + e) + 1)) : 0.0f;
+    }
+    const bool whole = in[3] && (inter & 3) == 0 && (reinterpret_cast<uintptr_t>(p.act) & 7) == 0;
+    const uint32_t src = smem_addr(stage) + row0 * PF_STAGE_STRIDE_F32 + 16 * piece;
+#pragma unroll 4
+    for (int it = 0; it < BN / 16; ++it) {
+        const int row = p.out_rows[tok0 + row0 + 16 * it];
+        if (row < 0 || row >= p.out_limit) continue;
+        const uint32_t at = src + it * 16 * PF_STAGE_STRIDE_F32;
+        const uint4 gv = lds128_at(at), uv = lds128_at(at + PF_ROWS / 2 * 4);
+        const float gs[4] = {__uint_as_float(gv.x), __uint_as_float(gv.y), __uint_as_float(gv.z), __uint_as_float(gv.w)};
+        const float us[4] = {__uint_as_float(uv.x), __uint_as_float(uv.y), __uint_as_float(uv.z), __uint_as_float(uv.w)};
+        float o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] = glu(p.activation, gs[e] + gate_b[e], us[e] + up_b[e], p.alpha, p.limit);
+        const int64_t at_out = static_cast<int64_t>(row) * inter + c;
+        if (whole) {
+            *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.act) + at_out) =
+                make_uint2(pack_x2<XT>(o[0], o[1]), pack_x2<XT>(o[2], o[3]));
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (in[e]) store_out(p.act, at_out + e, o[e], XT);
         }
     }
 }
@@ -679,15 +735,24 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
     int ks = 0;  // steps run so far (run_segment)
     if constexpr (!SK) {
         const int tok0 = tt * BN;
-        const int rb = rt * (PF_ROWS / 16) + warp;
-        run_segment<XT, BN, G, ASYM, CODE, FOLD>(acc, tmap_x, p, ring, tok0, rb + expert * p.row_blocks,
-                                                 rb < p.row_blocks, 0, p.k_chunks, ks);
+        // grouped stage 1 with the activation fused: the tile is 64 channels' gate and up rows
+        // (PrefillParams::act; the row tiles are as many: ceil(2 RBp / 8) = ceil(RBp / 4))
+        const bool glu_tile = CODE == CODE_E2M1 && grouped && p.act != nullptr;
+        const int part_blocks = p.part_rows / 16;
+        const int rb = glu_tile ? rt * (PF_ROWS / 32) + (warp & 3) : rt * (PF_ROWS / 16) + warp;
+        const int rb_plane = glu_tile ? (warp >> 2) * part_blocks + rb : rb;
+        run_segment<XT, BN, G, ASYM, CODE, FOLD>(acc, tmap_x, p, ring, tok0, rb_plane + expert * p.row_blocks,
+                                                 rb < (glu_tile ? part_blocks : p.row_blocks), 0, p.k_chunks, ks);
         if (!grouped) {
             store_dense<XT, BN>(acc, p, smem, y_staged, tok0, rb, false);
             return;
         }
         // grouped: scattered rows, the expert's bias, no padded column
         const int64_t b0 = expert * p.bias_stride;
+        if (glu_tile) {
+            store_glu_staged<XT, BN>(acc, p, smem, tok0, rt, b0);
+            return;
+        }
         if (p.y_type == ELEM_F32 && (reinterpret_cast<uintptr_t>(p.y) & 15) == 0 && (p.ldy & 3) == 0) {
             store_grouped_staged<BN>(acc, p, smem, tok0, rb, b0);
             return;

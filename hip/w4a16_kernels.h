@@ -234,6 +234,15 @@ struct PrefillParams {
     int out_limit, experts;
     int part_rows, part_valid;
     int64_t bias_stride;
+    // Grouped stage 1 with its gated activation in the epilogue (act != nullptr; CODE_E2M1, whole
+    // tiles): row tile rt is channels [64 rt, 64 rt + 64) of the expert, warps 0-3 its gate row
+    // blocks (part 0), warps 4-7 the same channels' up row blocks (part 1), and each gathered row
+    // r in use writes act[out_rows[r] * part_valid + c] = glu(gate + bias, up + bias) in x's type
+    // for c < part_valid (bias: [E, 2 part_valid], gate / up at c / part_valid + c (concat) or
+    // 2 c / 2 c + 1), where the unfused path wrote fp32 gate / up rows for moe_act.
+    void* act;
+    int concat, activation;
+    float alpha, limit;
     const uint2* superblocks;     // CODE_Q4_K: as FragParams::superblocks
 };
 constexpr int PF_THREADS = 256;

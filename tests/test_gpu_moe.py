@@ -15,6 +15,9 @@ every pair's row of act and nothing outside it (guard rows poisoned).
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -194,11 +197,16 @@ def test_gpu_moe_default_tile_falls_back_where_128_is_refused(rng, gpu_ctx, pois
     assert_close(y, ref, moe_bound(h, inter, BF16, BF16), "gpu moe default tile after the fallback")
 
 
-def test_gpu_stage1_writes_every_pair_row_and_nothing_else(rng, gpu_ctx, assert_close):
+@pytest.mark.parametrize("tile_m", [16, 128])
+def test_gpu_stage1_writes_every_pair_row_and_nothing_else(rng, gpu_ctx, assert_close, tile_m):
     """Stage 1 alone into an act buffer with poisoned guard rows before and after: every
-    pair's row is the reference activation, the guards keep their bits."""
+    pair's row is the reference activation, the guards keep their bits. tile_m = 16: the
+    mma.sync tiles; 128: the grouped wgmma tier, its activation in the epilogue, I = 32 half
+    of one row tile's 64 channels; the workspace is zero again afterwards."""
     _need(gpu_ctx)
-    e, top_k, h, inter, t, tile_m, guard = 4, 2, 64, 32, 7, 16, 3
+    if tile_m == 128 and not any(t.endswith(":moe_wgmma") for t in tiers.tiers().get("moe", [])):
+        pytest.skip(f"no moe_wgmma tier in this build: {pyquant.build_info()}")
+    e, top_k, h, inter, t, guard = 4, 2, 64, 32, 7, 3
     x, ids, _, w13, w2 = _layer(rng, t, e, top_k, h, inter, BF16)
     d13, _ = pyquant.moe_repack(w13, w2, "interleaved", ctx=gpu_ctx)
     ms, mt = ctypes.c_int64(), ctypes.c_int64()
@@ -208,14 +216,20 @@ def test_gpu_stage1_writes_every_pair_row_and_nothing_else(rng, gpu_ctx, assert_
     poison = np.full((guard + t * top_k + guard, inter), np.nan, np.float32).astype(BF16)
     act = DeviceArray.from_numpy(poison, gpu_ctx)
     row_bytes = inter * 2
-    _lib.qg_moe_stage1(gpu_ctx.handle, ctypes.byref(_lib.qg_moe_stage1_args(
+    args = _lib.qg_moe_stage1_args(
         num_tokens=t, top_k=top_k, num_experts=e, tile_m=tile_m, hidden=h, intermediate=inter,
         x_dtype=_lib.DType.QG_DTYPE_BF16, x=dx.ptr, ldx=h, sorted_ids=ds.ptr, tile_experts=dte.ptr,
         num_sorted=dn.ptr, w13_blocks=d13.blocks.ptr, w13_scales=d13.scales.ptr, w13_bias=d13.bias.ptr,
         bias_dtype=_lib.DType.QG_DTYPE_F32, activation=_lib.Activation.QG_ACT_SWIGLU_OAI,
         gate_up_layout=_lib.GateUpLayout.QG_GATE_UP_INTERLEAVED, swiglu_alpha=1.702, swiglu_limit=7.0,
-        act=act.ptr + guard * row_bytes, layout=_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG)), None)
+        act=act.ptr + guard * row_bytes, layout=_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG)
+    ws_bytes = ctypes.c_size_t()
+    _lib.qg_moe_stage1_workspace_size(gpu_ctx.handle, ctypes.byref(args), ctypes.byref(ws_bytes))
+    ws = DeviceArray.from_numpy(np.zeros(max(ws_bytes.value, 1), np.uint8), gpu_ctx)
+    args.workspace, args.workspace_bytes = (ws.ptr, ws_bytes.value) if ws_bytes.value else (None, 0)
+    _lib.qg_moe_stage1(gpu_ctx.handle, ctypes.byref(args), None)
     gpu_ctx.synchronize()
+    assert not ws.to_numpy().any(), "stage 1 left its workspace non-zero"
     got = act.to_numpy()
     assert np.isnan(got[:guard].astype(np.float32)).all() and np.isnan(got[-guard:].astype(np.float32)).all(), \
         "stage 1 wrote outside act"
@@ -227,6 +241,62 @@ def test_gpu_stage1_writes_every_pair_row_and_nothing_else(rng, gpu_ctx, assert_
         hrow = x[p // top_k].astype(np.float64) @ w13d[ids.flat[p]].T + b13[ids.flat[p]]
         want[p] = reference.swiglu_oai(hrow[0::2], hrow[1::2])
     assert_close(rows, want, moe_bound(h, 0, BF16, BF16), "stage 1 act rows")
+
+
+# One MoE layer in a fresh interpreter (the library reads QG_EXP_MOE_FUSED_ACT and QG_LOG once
+# per process): inputs from argv[1] (.npz), y's bits to argv[2].
+_LAYER_CHILD = """
+import sys
+import ml_dtypes, numpy as np, pyquant
+d = np.load(sys.argv[1])
+ctx = pyquant.gpu_context()
+w13 = pyquant.from_mxfp4(d["b13"], d["s13"], d["bias13"])
+w2 = pyquant.from_mxfp4(d["b2"], d["s2"], d["bias2"])
+layout, activation, tile_m = str(d["layout"]), str(d["activation"]), int(d["tile_m"])
+d13, d2 = pyquant.moe_repack(w13, w2, layout, ctx=ctx)
+x = pyquant.DeviceArray.from_numpy(d["x"].view(ml_dtypes.bfloat16), ctx)
+ids, wts = (pyquant.DeviceArray.from_numpy(d[k], ctx) for k in ("ids", "wts"))
+y = pyquant.moe(x, ids, wts, d13, d2, activation=activation, gate_up_layout=layout, tile_m=tile_m, ctx=ctx)
+ctx.synchronize()
+np.save(sys.argv[2], np.ascontiguousarray(y.to_numpy()).view(np.uint16))
+"""
+
+
+@pytest.mark.parametrize("tile_m,activation,layout", [(128, "swiglu_oai", "interleaved"), (128, "silu_glu", "concat"),
+                                                      (256, "swiglu_oai", "concat")])
+def test_gpu_moe_fused_activation_is_moe_act_bit_for_bit(rng, gpu_ctx, tmp_path, assert_close, tile_m, activation,
+                                                        layout):
+    """The grouped wgmma tier applies stage 1's activation in its epilogue (gate and up of 64
+    channels in one row tile); QG_EXP_MOE_FUSED_ACT=0 restores fp32 gate / up rows and moe_act.
+    The same layer in two child processes, one each way (their QG_LOG lines show which ran):
+    the same bits, and the reference's values. I = 160 leaves the last row tile half in use
+    (32 of 64 channels), H = 352 is K not a multiple of 128; T = 300 on 16 experts."""
+    _need(gpu_ctx)
+    if not any(t.endswith(":moe_wgmma") for t in tiers.tiers().get("moe", [])):
+        pytest.skip(f"no moe_wgmma tier in this build: {pyquant.build_info()}")
+    e, top_k, h, inter, t = 16, 4, 352, 160, 300
+    x, ids, wts, w13, w2 = _layer(rng, t, e, top_k, h, inter, BF16)
+    src = tmp_path / "layer.npz"
+    np.savez(src, x=x.view(np.uint16), ids=ids, wts=wts, b13=np.asarray(w13.blocks),
+             s13=np.asarray(w13.scales), bias13=np.asarray(w13.bias), b2=np.asarray(w2.blocks),
+             s2=np.asarray(w2.scales), bias2=np.asarray(w2.bias).astype(np.float32), layout=np.array(layout),
+             activation=np.array(activation), tile_m=np.array(tile_m))
+    ys = {}
+    for fused in ("1", "0"):
+        dst = tmp_path / f"y{fused}.npy"
+        p = subprocess.run([sys.executable, "-c", _LAYER_CHILD, str(src), str(dst)],
+                           env=dict(os.environ, QG_LOG="1", QG_EXP_MOE_FUSED_ACT=fused),
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, f"child failed:\n{p.stderr[-2000:]}"
+        stage1 = [ln for ln in p.stderr.splitlines() if "moe stage1: grouped prefill_wgmma" in ln]
+        assert stage1 and all(("activation in the epilogue" in ln) == (fused == "1") for ln in stage1), p.stderr[-2000:]
+        ys[fused] = np.load(dst)
+    assert np.array_equal(ys["1"], ys["0"]), \
+        f"{np.count_nonzero(ys['1'] != ys['0'])} of {ys['1'].size} elements differ between the fused and moe_act paths"
+    ref = reference.moe(x, ids, wts, w13.dequantize(), w2.dequantize(), np.asarray(w13.bias),
+                        np.asarray(w2.bias).astype(np.float32), activation=activation, gate_up_layout=layout,
+                        act_dtype=BF16)
+    assert_close(ys["1"].view(BF16), ref, moe_bound(h, inter, BF16, BF16), f"gpu moe fused activation tile_m={tile_m}")
 
 
 def test_gpu_moe_refuses_canonical_experts(rng, gpu_ctx):

@@ -6,6 +6,7 @@
 // qg_moe_repack). Arguments were validated by src/api.cpp; the routing tables are device data,
 // which the kernels never trust (hip/moe.hip).
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <algorithm>
 
@@ -280,9 +281,10 @@ qg_status stage2_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_s
 // ---------------------------------------------------------------- grouped wgmma (tile_m 64..256)
 //
 // Stage s: gather the activation rows by expert tile into the workspace (an expert tile = one
-// token tile of the W4A16 prefill kernel, hip/prefill_wgmma.h), the prefill grouped over
-// the experts' planes into fp32 rows per pair, then stage 1's activation (clearing those rows)
-// or stage 2's top-k sum (moe_combine, clearing them too), and the gathered rows cleared.
+// token tile of the W4A16 prefill kernel, hip/prefill_wgmma.h), the prefill grouped over the
+// experts' planes: stage 1 applying the activation in its epilogue (act written directly),
+// stage 2 into fp32 rows per pair for its top-k sum (moe_combine, which clears them); then the
+// gathered rows cleared.
 
 // The prefill kernel of a token tile of tile_m (nullptr where none is built: 64 and 128 for
 // both activation types, 256 for bf16).
@@ -323,9 +325,12 @@ bool grouped_usable(const qg_context* ctx, int32_t tile_m, qg_mxfp4_layout layou
 #if defined(QG_HAVE_TENSOR_MAPS)
 // The grouped prefill of one stage: gathered rows in ws (max_sorted x k), fp32 output rows
 // [P, n_out] (row stride ld_out) at out; weights: each expert `parts` parts of part_rows rows.
+// glu: stage 1's arguments where the activation is fused into the epilogue (out is not written
+// then: act is), else nullptr.
 qg_status launch_grouped(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype, const uint16_t* gathered,
                          int64_t max_sorted, int parts, int part_valid, float* out, int64_t ld_out,
-                         const BiasRef& bias, int64_t bias_stride, qg_stream stream, const char* what) {
+                         const BiasRef& bias, int64_t bias_stride, const qg_moe_stage1_args* glu, qg_stream stream,
+                         const char* what) {
     using namespace w4a16;
     const int x_type = elem_type(x_dtype);
     const int bn = c.p.tile_m;
@@ -358,6 +363,13 @@ qg_status launch_grouped(const qg_context* ctx, const GemmCall& c, qg_dtype x_dt
     p.part_rows = c.p.part_blocks * 16;
     p.part_valid = part_valid;
     p.bias_stride = bias_stride;
+    if (glu != nullptr) {
+        p.act = glu->act;
+        p.concat = glu->gate_up_layout == QG_GATE_UP_CONCAT;
+        p.activation = glu->activation;
+        p.alpha = glu->swiglu_alpha;
+        p.limit = glu->swiglu_limit;
+    }
     // one-dimensional, row tiles fastest (the kernel's grouped grid)
     const int64_t row_tiles = ceil_div(row_blocks, PF_ROWS / 16), blocks = row_tiles * c.p.max_tiles;
     if (blocks > INT32_MAX)
@@ -366,7 +378,8 @@ qg_status launch_grouped(const qg_context* ctx, const GemmCall& c, qg_dtype x_dt
     const dim3 grid(static_cast<unsigned>(blocks));
     if (log_enabled())
         log_once("%s: grouped prefill_wgmma, expert tiles of %d tokens, %lld token tiles x %lld row tiles (row tiles "
-                 "fastest), smem %d", what, bn, static_cast<long long>(c.p.max_tiles), static_cast<long long>(row_tiles), smem);
+                 "fastest), smem %d%s", what, bn, static_cast<long long>(c.p.max_tiles), static_cast<long long>(row_tiles), smem,
+                 glu != nullptr ? ", activation in the epilogue" : "");
     return launch_util::launch_with_map(kernel, grid, PF_THREADS, smem, static_cast<hipStream_t>(stream), map, p, what);
 }
 
@@ -388,8 +401,23 @@ qg_status gather(const GemmCall& c, const void* src, int64_t ld, int row_div, in
 }
 #endif
 
+// Stage 1's activation in the grouped prefill's epilogue (PrefillParams::act): no fp32 gate / up
+// rows written, read back and cleared by moe_act (at GPT-OSS-20b T = 2048, 189 MB three times).
+// QG_EXP_MOE_FUSED_ACT=0 restores the moe_act path (the A/B of bench/NOTES.md, session 43).
+bool fused_act_enabled() {
+    static const bool on = [] {
+        const char* v = getenv("QG_EXP_MOE_FUSED_ACT");
+        return v == nullptr || v[0] != '0';
+    }();
+    return on;
+}
+
+// The fp32 gate / up columns of a stage-1 pair row in the workspace (none where the activation
+// is fused).
+int64_t stage1_rows(const qg_moe_stage1_args& a) { return fused_act_enabled() ? 0 : 2 * padded_rows(a.intermediate); }
+
 size_t stage1_grouped_workspace(const qg_context*, const qg_moe_stage1_args& a) {
-    return GroupedWs(a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden, 2 * padded_rows(a.intermediate)).bytes();
+    return GroupedWs(a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden, stage1_rows(a)).bytes();
 }
 
 bool stage1_grouped_usable(const qg_context* ctx, const qg_moe_stage1_args& a, const char** why) {
@@ -399,17 +427,21 @@ bool stage1_grouped_usable(const qg_context* ctx, const qg_moe_stage1_args& a, c
 qg_status stage1_grouped_launch(const qg_context* ctx, const qg_moe_stage1_args& a, qg_stream stream) {
 #if defined(QG_HAVE_TENSOR_MAPS)
     const GemmCall c = stage1_call(ctx, a);  // routing, planes, sizes (not its split: the mma tiles')
-    const GroupedWs ws(a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden, 2 * padded_rows(a.intermediate));
+    const int64_t ld_h = stage1_rows(a);
+    const GroupedWs ws(a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden, ld_h);
     const int64_t max_sorted = static_cast<int64_t>(c.p.max_tiles) * a.tile_m;
     uint16_t* gathered = static_cast<uint16_t*>(a.workspace);
-    float* h = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + ws.gathered);
-    const int64_t ld_h = 2 * padded_rows(a.intermediate);
     qg_status st = gather(c, a.x, a.ldx, a.top_k, max_sorted, gathered, stream, "moe stage1 gather");
-    if (st == QG_OK)
-        st = launch_grouped(ctx, c, a.x_dtype, gathered, max_sorted, 2, static_cast<int>(a.intermediate), h, ld_h,
-                            BiasRef{nullptr, ELEM_F32}, 0, stream, "moe stage1");
     if (st != QG_OK) return st;
-    st = activation(a, c, h, 0, 1, max_sorted, stream);
+    if (ld_h == 0) {  // the activation in the epilogue, bias and all
+        st = launch_grouped(ctx, c, a.x_dtype, gathered, max_sorted, 2, static_cast<int>(a.intermediate), nullptr, 0,
+                            c.p.bias, 2 * a.intermediate, &a, stream, "moe stage1");
+    } else {  // fp32 gate / up rows, then moe_act (which clears them)
+        float* h = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + ws.gathered);
+        st = launch_grouped(ctx, c, a.x_dtype, gathered, max_sorted, 2, static_cast<int>(a.intermediate), h, ld_h,
+                            BiasRef{nullptr, ELEM_F32}, 0, nullptr, stream, "moe stage1");
+        if (st == QG_OK) st = activation(a, c, h, 0, 1, max_sorted, stream);
+    }
     if (st != QG_OK) return st;
     return gpu_memset(ctx, gathered, 0, ws.gathered, stream);
 #else
@@ -436,7 +468,7 @@ qg_status stage2_grouped_launch(const qg_context* ctx, const qg_moe_stage2_args&
     qg_status st = gather(c, a.act, a.intermediate, 1, max_sorted, gathered, stream, "moe stage2 gather");
     if (st == QG_OK)
         st = launch_grouped(ctx, c, a.act_dtype, gathered, max_sorted, 1, static_cast<int>(a.hidden), out, a.hidden,
-                            c.p.bias, a.hidden, stream, "moe stage2");
+                            c.p.bias, a.hidden, nullptr, stream, "moe stage2");
     if (st == QG_OK) st = gpu_memset(ctx, gathered, 0, ws.gathered, stream);
     if (st != QG_OK) return st;
     return combine(a, out, 0, 1, stream);
