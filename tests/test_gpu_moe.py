@@ -119,15 +119,19 @@ def test_gpu_moe_against_reference(rng, gpu_ctx, poisoned_output, assert_close, 
                      f"gpu moe {activation} {layout} x={x_dt} tile_m={tile_m} t={t}")
 
 
-@pytest.mark.parametrize("case", ["one_expert", "gpt_oss_shape", "split_k", "fp32_out", "no_bias"])
+@pytest.mark.parametrize("case", ["one_expert", "gpt_oss_shape", "gpt_oss_t1", "split_k", "fp32_out", "no_bias"])
 def test_gpu_moe_shapes(rng, gpu_ctx, poisoned_output, assert_close, case):
     """All tokens on one expert (the others idle); GPT-OSS sizes (H = I = 2880: K not a
-    multiple of 128, many row tiles) at T = 5 with 32 experts; T = 1 with H = 2048, I = 1024 and
-    the split_k option at 4 (K in 4 and 2 parts, added in order); fp32 y; no biases."""
+    multiple of 128, many row tiles) at T = 5 with 32 experts, and at T = 1 (stage 2's own
+    split of K in 4 parts: its 92 blocks in use fill no GPU of 92 SMs or more); T = 1 with
+    H = 2048, I = 1024 and the split_k option at 4 (K in 4 and 2 parts, added in order); fp32 y;
+    no biases."""
     _need(gpu_ctx)
     e, top_k, h, inter, t, y_dt, bias = 8, 2, 128, 64, 40, BF16, True
     if case == "gpt_oss_shape":
         e, top_k, h, inter, t = 32, 4, 2880, 2880, 5
+    if case == "gpt_oss_t1":
+        e, top_k, h, inter, t = 32, 4, 2880, 2880, 1
     if case == "split_k":  # split_k = 4: stage 1 K = 2048 in 4 parts, stage 2 K = 1024 in 2
         e, top_k, h, inter, t = 8, 2, 2048, 1024, 1
     if case == "fp32_out":
@@ -241,6 +245,42 @@ def test_gpu_stage1_writes_every_pair_row_and_nothing_else(rng, gpu_ctx, assert_
         hrow = x[p // top_k].astype(np.float64) @ w13d[ids.flat[p]].T + b13[ids.flat[p]]
         want[p] = reference.swiglu_oai(hrow[0::2], hrow[1::2])
     assert_close(rows, want, moe_bound(h, 0, BF16, BF16), "stage 1 act rows")
+
+
+def _stage2_planes(gpu_ctx, rng, t, e, top_k, h, inter):
+    """fp32 planes of [P, H] in stage 2's workspace at tile_m = 16 (no split_k option)."""
+    x, ids, wts, w13, w2 = _layer(rng, t, e, top_k, h, inter, BF16)
+    _, d2 = pyquant.moe_repack(w13, w2, "interleaved", ctx=gpu_ctx)
+    ms, mt = ctypes.c_int64(), ctypes.c_int64()
+    _lib.qg_moe_align_sizes(t, top_k, e, 16, ctypes.byref(ms), ctypes.byref(mt))
+    s, te, n = reference.moe_align(ids, e, 16)
+    act = DeviceArray.from_numpy(np.zeros((t * top_k, inter), BF16), gpu_ctx)
+    y = DeviceArray.from_numpy(np.zeros((t, h), BF16), gpu_ctx)
+    ds, dte, dn, dw = (DeviceArray.from_numpy(a, gpu_ctx) for a in (s, te, np.array([n], np.int32), wts))
+    args = _lib.qg_moe_stage2_args(
+        num_tokens=t, top_k=top_k, num_experts=e, tile_m=16, hidden=h, intermediate=inter,
+        act_dtype=_lib.DType.QG_DTYPE_BF16, act=act.ptr, sorted_ids=ds.ptr, tile_experts=dte.ptr,
+        num_sorted=dn.ptr, w2_blocks=d2.blocks.ptr, w2_scales=d2.scales.ptr, w2_bias=d2.bias.ptr,
+        bias_dtype=_lib.DType.QG_DTYPE_BF16, topk_weights=dw.ptr, y_dtype=_lib.DType.QG_DTYPE_BF16, y=y.ptr,
+        ldy=h, layout=_lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG)
+    got = ctypes.c_size_t()
+    _lib.qg_moe_stage2_workspace_size(gpu_ctx.handle, ctypes.byref(args), ctypes.byref(got))
+    plane = t * top_k * h * 4
+    assert got.value % plane < 256, f"{got.value} bytes is not whole planes of {plane}"
+    return got.value // plane
+
+
+def test_gpu_moe_stage2_splits_where_its_blocks_cannot_fill_the_gpu(rng, gpu_ctx):
+    """Stage 2 on the mma.sync tiles, no split_k option: at T = 1 on GPT-OSS's H = I = 2880 its
+    blocks in use (23 row tiles x 4 expert tiles = 92) are fewer than the 132 SMs of an H100 or
+    H200, so K goes in 4 parts (4 fp32 planes in the workspace, moe_combine adds them in
+    order); at T = 64 (23 x 256 blocks) one. The split itself is checked against the
+    reference by test_gpu_moe_shapes (gpt_oss_t1)."""
+    _need(gpu_ctx)
+    if not any(name in gpu_ctx.device_name for name in ("H100", "H200")):  # 132 SMs (the rule's numbers)
+        pytest.skip(f"the block counts here are an H100's or H200's, not {gpu_ctx.device_name}'s")
+    assert _stage2_planes(gpu_ctx, rng, 1, 4, 4, 2880, 2880) == 4
+    assert _stage2_planes(gpu_ctx, rng, 64, 4, 4, 2880, 2880) == 1
 
 
 # One MoE layer in a fresh interpreter (the library reads QG_EXP_MOE_FUSED_ACT and QG_LOG once

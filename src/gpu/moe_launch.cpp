@@ -31,6 +31,7 @@ constexpr int kGroup = 32;             // one E8M0 scale per 32 elements
 constexpr int kMaxGridY = 65535;       // tiles beyond it are walked by the blocks (hip/moe.hip)
 constexpr size_t kWorkspaceAlign = 256;
 constexpr int kSplitMinChunks = 4;     // a split-K part covers at least 4 chunks (512 of K)
+constexpr int64_t kMaxAutoSplits = 4;  // stage 2's own split (mma_splits): 4 parts measured best at T = 1
 
 size_t ws_align(size_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 int64_t padded_rows(int64_t rows) { return frag::padded_n(rows); }
@@ -113,13 +114,20 @@ qg_status launch_gemm(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype
 
 // Split-K of the mma.sync tiles: K cut in parts of at least 4 chunks, each block's fp32 sums
 // into its plane of the workspace, added in split order by the stage's last kernel (moe_act,
-// moe_combine), so the result does not depend on which block finishes first. Only where the
-// split_k option asks for it so far: the split kernels are built and CPU-checked but were not
-// run on a GPU before the device time ran out (bench/NOTES.md, "MXFP4 MoE on the GPU": the
-// rule to measure is up to 4 parts where a grid is under two blocks an SM, as T = 1 is).
+// moe_combine), so the result does not depend on which block finishes first. The split_k
+// option sets the parts of both stages. Without it, stage 2 splits where its blocks in use
+// cannot fill the SMs: GPT-OSS at T = 1 has 23 row tiles x 4 expert tiles = 92 blocks of 4
+// warps for 132 SMs, and 4 parts measured stage 2 24.5 -> 17.4 us on the H200 (2 parts 19.9;
+// bench/NOTES.md, "Prefill: the last partial wave as stream-K" and session 43). Stage 1 does
+// not: the same split made it slower (25 -> 35 us), its fp32 gate / up planes and moe_act
+// costing more than the warps gained.
 int mma_splits(const qg_context* ctx, const GemmCall& c) {
-    if (ctx->split_k <= 0) return 1;
-    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ctx->split_k, c.p.k_chunks / kSplitMinChunks)));
+    const int64_t most = std::max<int64_t>(1, c.p.k_chunks / kSplitMinChunks);
+    if (ctx->split_k > 0) return static_cast<int>(std::min<int64_t>(ctx->split_k, most));
+    if (c.stage != moe::STAGE_DOWN) return 1;
+    const int64_t blocks = ceil_div(c.p.part_blocks, moe::gemm_block_rbs(c.stage)) * std::max<int64_t>(1, c.tiles_bound);
+    const int64_t sms = std::max(ctx->sm_count, 1);
+    return blocks >= sms ? 1 : static_cast<int>(std::min(kMaxAutoSplits, most));
 }
 
 // ---------------------------------------------------------------- align
