@@ -44,7 +44,9 @@ __device__ __forceinline__ int pair_expert(const AlignParams& p, int i, int hi) 
 }  // namespace
 #endif
 
-// One block of ALIGN_THREADS. Warp w owns the pairs [w S, (w + 1) S): pass 1 counts each
+// One block of align_threads(P, E) threads, W warps (at most ALIGN_THREADS: fewer where the
+// pairs and experts are few, T = 1 on GPT-OSS taking 128 threads, whose barriers and per-warp
+// counts cost a fraction of 1024's). Warp w owns the pairs [w S, (w + 1) S): pass 1 counts each
 // expert's pairs per warp, the counts become each warp's base inside its expert (a prefix over
 // warps) and the experts' padded starts a prefix over experts; pass 2 places the pairs, which
 // keeps them in pair order inside each expert (what the CPU tier gives), then the tiles.
@@ -52,16 +54,17 @@ __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(const AlignParams p) 
 #if defined(QG_HAS_MMA_SYNC)
     extern __shared__ int align_smem[];
     const int E = p.experts, P = p.pairs;
-    int* cnt = align_smem;               // [ALIGN_WARPS][E]
+    const int threads = blockDim.x, warps = threads >> 5;  // threads >= E, a multiple of 32
+    int* cnt = align_smem;               // [warps][E]
     int* total = cnt + ALIGN_WARPS * E;  // [E] pairs per expert
     int* start = total + E;              // [E + 1] padded starts
     int* wsum = start + E + 1;           // [ALIGN_WARPS] scan of the warps' sums
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int seg = (P + ALIGN_WARPS - 1) / ALIGN_WARPS;
+    const int seg = (P + warps - 1) / warps;
     const int lo = min(P, warp * seg), hi = min(P, lo + seg);
 
-    for (int i = tid; i < ALIGN_WARPS * E; i += ALIGN_THREADS) cnt[i] = 0;
-    for (int i = tid; i < p.max_sorted; i += ALIGN_THREADS) p.sorted_ids[i] = P;
+    for (int i = tid; i < warps * E; i += threads) cnt[i] = 0;
+    for (int i = tid; i < p.max_sorted; i += threads) p.sorted_ids[i] = P;
     __syncthreads();
     for (int base = lo; base < hi; base += 32) {
         const int e = pair_expert(p, base + lane, hi);
@@ -70,9 +73,9 @@ __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(const AlignParams p) 
         __syncwarp();  // the next step's leader of e may be another lane (racecheck: a hazard without it)
     }
     __syncthreads();
-    for (int e = tid; e < E; e += ALIGN_THREADS) {
+    for (int e = tid; e < E; e += threads) {
         int s = 0;
-        for (int w = 0; w < ALIGN_WARPS; ++w) {
+        for (int w = 0; w < warps; ++w) {
             const int c = cnt[w * E + e];
             cnt[w * E + e] = s;
             s += c;
@@ -80,7 +83,7 @@ __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(const AlignParams p) 
         total[e] = s;
     }
     __syncthreads();
-    // exclusive scan of the padded counts (E <= ALIGN_THREADS: one expert per thread)
+    // exclusive scan of the padded counts (E <= threads: one expert per thread)
     const int v = tid < E ? (total[tid] + p.tile_m - 1) / p.tile_m * p.tile_m : 0;
     int incl = v;
     for (int o = 1; o < 32; o <<= 1) {
@@ -90,7 +93,7 @@ __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(const AlignParams p) 
     if (lane == 31) wsum[warp] = incl;
     __syncthreads();
     if (warp == 0) {
-        int s = wsum[lane];
+        int s = lane < warps ? wsum[lane] : 0;
         for (int o = 1; o < 32; o <<= 1) {
             const int n = __shfl_up_sync(kFull, s, o);
             if (lane >= o) s += n;
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(const AlignParams p) 
     }
     __syncthreads();
     if (tid < E) start[tid] = incl - v + (warp > 0 ? wsum[warp - 1] : 0);
-    if (tid == 0) start[E] = wsum[ALIGN_WARPS - 1];
+    if (tid == 0) start[E] = wsum[warps - 1];
     __syncthreads();
     for (int base = lo; base < hi; base += 32) {
         const int i = base + lane;
@@ -111,7 +114,7 @@ __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(const AlignParams p) 
         __syncwarp();
     }
     const int used = start[E];
-    for (int t = tid; t < p.max_tiles; t += ALIGN_THREADS) {
+    for (int t = tid; t < p.max_tiles; t += threads) {
         int e = -1;
         const int s = t * p.tile_m;
         if (s < used) {  // the last expert whose start is <= s (empty experts share a start)

@@ -35,6 +35,12 @@ struct AlignParams {
 constexpr int ALIGN_THREADS = 1024;
 constexpr int ALIGN_WARPS = ALIGN_THREADS / 32;
 constexpr int ALIGN_MAX_EXPERTS = 1024;  // per-warp counts [32][E] int32 in shared memory
+// The block of moe_align: a thread a pair or an expert, whichever are more, in whole warps, at
+// most ALIGN_THREADS (the kernel needs one thread an expert for its scan).
+__host__ __device__ constexpr int align_threads(int64_t pairs, int experts) {
+    return static_cast<int>(
+        ((pairs > experts ? (pairs < ALIGN_THREADS ? pairs : ALIGN_THREADS) : experts) + 31) / 32 * 32);
+}
 __host__ __device__ constexpr int align_smem_bytes(int experts) { return (ALIGN_WARPS + 2) * experts * 4 + 64 * 4; }
 __global__ void moe_align(const AlignParams p);
 

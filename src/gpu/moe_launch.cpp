@@ -158,8 +158,8 @@ qg_status align_launch(const qg_context* ctx, const qg_moe_align_args& a, qg_str
     const int smem = moe::align_smem_bytes(a.num_experts);
     qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, "moe_align");
     if (st != QG_OK) return st;
-    return launch_util::launch(kernel, dim3(1), moe::ALIGN_THREADS, smem, static_cast<hipStream_t>(stream), p,
-                               "moe_align");
+    return launch_util::launch(kernel, dim3(1), moe::align_threads(p.pairs, a.num_experts), smem,
+                               static_cast<hipStream_t>(stream), p, "moe_align");
 }
 
 // ---------------------------------------------------------------- stage 1
