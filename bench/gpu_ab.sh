@@ -9,7 +9,8 @@
 # 64 MiB a call, and a gzip -1 of a stripped CUDA build is half its size), QG_AB_RUNS (runs
 # of each, default 2), QG_BENCH_ARGS (the cases; default: the W4A16 prefill rows of issue 14
 # with --no-peers), QG_AB_ENV_B (NAME=VALUE settings for B's runs alone: one library, two
-# settings). Output: $OUT/ab.json (every run's rows) and the table printed last, A's
+# settings), QG_AB_DIR_A (a checkout whose pyquant A's runs use, where B's tree packs a format
+# version A's library does not read). Output: $OUT/ab.json (every run's rows) and the table printed last, A's
 # and B's medians side by side. Two files only: the device returns a few files a call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,8 +34,10 @@ for r in $(seq "${QG_AB_RUNS:-2}"); do
         # shellcheck disable=SC2086  # ARGS is a list of bench arguments
         envs=()
         [ "$side" = B ] && [ -n "${QG_AB_ENV_B:-}" ] && read -ra envs <<< "$QG_AB_ENV_B"
-        env "${envs[@]}" PYQUANT_LIB="$lib" python3 -m pyquant bench $ARGS --json "$tmp/$side.$r.json" > "$tmp/$side.$r.log" 2>&1 \
-            || { echo "run $r of $side ($lib) failed:"; tail -5 "$tmp/$side.$r.log"; }
+        dir=$PWD
+        [ "$side" = A ] && [ -n "${QG_AB_DIR_A:-}" ] && dir=$QG_AB_DIR_A
+        (cd "$dir" && env "${envs[@]}" PYQUANT_LIB="$lib" python3 -m pyquant bench $ARGS --json "$tmp/$side.$r.json") \
+            > "$tmp/$side.$r.log" 2>&1 || { echo "run $r of $side ($lib) failed:"; tail -5 "$tmp/$side.$r.log"; }
     done
 done
 python3 - "$tmp" "$OUT/ab.json" "$A" "$B" <<'PY'

@@ -4,6 +4,8 @@
 # registers, and the top warp stall reasons. Full reports under $OUT/profile_<i>.txt.
 #
 #   QG_PROFILE_CASES="w4a16 43008 5376 1;w4a16:32 43008 5376 2048" bench/gpu_profile.sh
+#   QG_PROFILE_CASES="moe gpt-oss-120b 1" bench/gpu_profile.sh   (the MoE layer's third moe_gemm
+#   launch: the second layer's stage 1, bench/profile_moe.py in its ncu mode)
 # Environment: QG_PROFILE_KERNEL (ncu -k filter, default regex:decode|prefill|mma_kernel),
 # PYQUANT_LIB / QG_PREBUILT (see bench/gpu_env.sh and bench/gpu_smoke.sh).
 set -uo pipefail
@@ -30,7 +32,10 @@ for c in "${cases[@]}"; do
     i=$((i + 1))
     # shellcheck disable=SC2086  # a case is a list of arguments
     script=bench/profile_gemm.py
-    case "$c" in cublas*) script=bench/profile_cublas.py; c=${c#cublas } ;; esac
+    case "$c" in
+    cublas*) script=bench/profile_cublas.py; c=${c#cublas } ;;
+    moe*) script=bench/profile_moe.py; c="${c#moe } 0 ncu" ;;
+    esac
     # shellcheck disable=SC2086
     timeout 180 ncu --clock-control none -k "$KERNEL" --launch-skip 2 --launch-count 1 --metrics "$METRICS" \
         python3 $script $c > "$OUT/profile_$i.txt" 2>&1
