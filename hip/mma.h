@@ -151,18 +151,20 @@ __device__ __forceinline__ uint32_t codebook_lookup4(uint32_t idx) {  // the 4 i
     return __byte_perm(lo, hi, ((idx >> 1) & 0x4444u) | 0x3210u);
 }
 
-// One codebook frag word (8 indices in the W4A16 nibble order) -> the four A registers of its
-// k16 step, each pair (index p, index p + 4) as its two codebook values, exact: the value
-// + 128 as a byte b under an exponent bias. fp16: 1024 + b (one lop3), minus 1152. bf16 spaces
-// 128..255 one apart, so 128 + (b & 127) less 128 (b >= 128: the value >= 0) or 256 (b < 128),
-// the subtrahend's bit 7 being b's bit 7 inverted (one lop3 each). Per word 13 instructions of
-// lookup, then 3 (fp16) or 4 (bf16) a register.
+// One codebook frag word (8 indices placed by register: byte p holds A register p's two, low
+// half in the low nibble; src/formats/gguf_frag.h code_nibble) -> the four A registers of its
+// k16 step, each pair as its two codebook values, exact: the value + 128 as a byte b under an
+// exponent bias. fp16: 1024 + b (one lop3), minus 1152. bf16 spaces 128..255 one apart, so
+// 128 + (b & 127) less 128 (b >= 128: the value >= 0) or 256 (b < 128), the subtrahend's bit 7
+// being b's bit 7 inverted (one lop3 each). Per word 13 instructions of lookup, then 3 (fp16)
+// or 4 (bf16) a register. The decode takes the pairs from a table instead (codebook_pairs).
 template <int XT, int BOOK>
 __device__ __forceinline__ void codebook_word(uint32_t w, uint32_t (&a)[4]) {
-    const uint32_t v0 = codebook_lookup4<BOOK>(w), v1 = codebook_lookup4<BOOK>(w >> 16);  // indices 0-3, 4-7
+    const uint32_t v0 = codebook_lookup4<BOOK>(w), v1 = codebook_lookup4<BOOK>(w >> 16);  // registers 0-1, 2-3
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-        const uint32_t t = __byte_perm(v0, v1, p | ((p + 4) << 8));  // b of index p, p + 4 at bytes 0, 2
+        const uint32_t q = 4 * (p >> 1) + 2 * (p & 1);            // register p's first byte in v0:v1
+        const uint32_t t = __byte_perm(v0, v1, q | ((q + 1) << 8));  // its two b at bytes 0, 2
         uint32_t x;
         if (XT == ELEM_BF16) {
             uint32_t y, bias = 0x43004300u, neg = 0xc300c300u;
@@ -174,6 +176,32 @@ __device__ __forceinline__ void codebook_word(uint32_t w, uint32_t (&a)[4]) {
             asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(x) : "r"(t), "n"(0x00ff00ff), "r"(bias));
             asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a[p]) : "r"(x), "r"(0x3c003c00u), "r"(0xe480e480u));
         }
+    }
+}
+
+// The decode's codebook lookups from shared memory: a table of value pairs, entry e (a byte
+// of codes, register p's two) the A register codebook_word makes of it, in 32 copies, one a
+// bank: lane l reads entry e at byte 256 e + 4 l, so a warp's 32 lookups never share a bank
+// whatever the codes (a row's other 128 bytes are unused: the byte offset is then one byte
+// permute of the word and 4 l, CODEBOOK_PAIRS_BYTES in all). Per register 1 permute and 1
+// shared load, against codebook_word's ~7 integer instructions (bench/NOTES.md, session 45).
+template <int XT, int BOOK>
+__device__ __forceinline__ void codebook_pairs_fill(unsigned char* table, int tid, int threads) {
+    for (int e = tid; e < 256; e += threads) {
+        uint32_t a[4];
+        codebook_word<XT, BOOK>(static_cast<uint32_t>(e), a);  // byte 0 = e: register 0's pair
+        uint4* row = reinterpret_cast<uint4*>(table + 256 * e);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) row[i] = make_uint4(a[0], a[0], a[0], a[0]);
+    }
+}
+// a[p] = the pair of byte p of w: lane4 = 4 * lane.
+__device__ __forceinline__ void codebook_pairs(uint32_t w, const unsigned char* table, uint32_t lane4,
+                                               uint32_t (&a)[4]) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        const uint32_t off = __byte_perm(w, lane4, 0x5504u | (p << 4));  // byte 0: 4 lane, byte 1: byte p of w
+        a[p] = *reinterpret_cast<const uint32_t*>(table + off);
     }
 }
 

@@ -155,6 +155,12 @@ __global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? FRAG_MIN_BLOC
         }
     };
 
+    // ---- the codebook codes' table of value pairs, after the x ring (read after the first
+    // unit's barrier)
+    unsigned char* const pairs = smem + St::SMEM;
+    const uint32_t lane4 = 4u * static_cast<uint32_t>(lane);
+    if constexpr (codebook_codes(CODE)) codebook_pairs_fill<XT, codebook_of(CODE)>(pairs, tid, FRAG_THREADS);
+
     // ---- x chunk of unit (rt, kc) into ring slot `slot`: row tid / 16, 16-byte piece tid % 16
     const int x_row = tid >> 4, x_piece = tid & 15;
     const bool x_copier = tid < MT * 8 * 16;
@@ -266,7 +272,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? FRAG_MIN_BLOC
                     if constexpr (CODE == CODE_E2M1)
                         e2m1_word<XT>(w, a);
                     else if constexpr (codebook_codes(CODE))
-                        codebook_word<XT, codebook_of(CODE)>(w, a);
+                        codebook_pairs(w, pairs, lane4, a);
                     else
                         dequant_word<XT>(w, zp[r], a);
                 }

@@ -42,6 +42,9 @@ __host__ __device__ constexpr bool has_superblocks(int code) {
 // The codes that index a 16-entry codebook (hip/mma.h codebook_word), and which one.
 __host__ __device__ constexpr bool codebook_codes(int code) { return code == CODE_IQ4_XS || code == CODE_IQ3_XXS; }
 __host__ __device__ constexpr int codebook_of(int code) { return code == CODE_IQ3_XXS ? 1 : 0; }  // BOOK_*
+// decode_frag's table of codebook value pairs in shared memory (hip/mma.h codebook_pairs): 256
+// rows of 256 bytes, after the x ring.
+constexpr int CODEBOOK_PAIRS_BYTES = 256 * 256;
 // A super-block code's group scale (hip/mma.h superblock_group's SUPER_*; Q6_K has its own, q6_group).
 __host__ __device__ constexpr int super_scale_of(int code) {
     return code == CODE_Q4_K ? 0 : code == CODE_IQ3_XXS ? 2 : 1;
@@ -174,8 +177,12 @@ __host__ __device__ constexpr int align16c(int v) { return (v + 15) / 16 * 16; }
 template <int MT>
 struct FragStage {
     static constexpr int X_BYTES = align16c(MT * 8 * FRAG_XS_STRIDE * 2);  // one x chunk
-    static constexpr int SMEM = FRAG_X_STAGES * X_BYTES;
+    static constexpr int SMEM = FRAG_X_STAGES * X_BYTES;                  // the x ring
 };
+// decode_frag's dynamic shared memory: the x ring, then for the codebook codes their table.
+__host__ __device__ constexpr int frag_smem_bytes(int mt, int code) {
+    return (mt == 1 ? FragStage<1>::SMEM : FragStage<2>::SMEM) + (codebook_codes(code) ? CODEBOOK_PAIRS_BYTES : 0);
+}
 
 // decode_frag<XT, MT, G, ASYM, CODE> (ASYM: zero-points given).
 const void* decode_frag_kernel(int x_type, int mt, int group_size, bool asym, int code = CODE_INT4);

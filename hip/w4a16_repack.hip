@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(REPACK_THREADS) repack_frag_weights(const Repa
                 const uint32_t w = p.qweight[source_row(p, n) * (p.k / 8) + k / 8];
                 q = (w >> (4 * (k % 8))) & 15u;
             }
-            word |= q << (4 * j);
+            word |= q << (4 * (p.gguf != nullptr ? gguf_frag::code_nibble(p.gguf_format, j) : j));
         }
     }
     p.out_qweight[i] = p.e8m0 ? frag::e2m1_place(word) : word;  // MXFP4: its bit placement

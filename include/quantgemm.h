@@ -64,8 +64,9 @@ extern "C" {
  * 4: the MoE frag layout of qg_moe_repack; 5: the GGUF frag layout of qg_gguf_repack;
  * 6: Q4_K and IQ4_XS in that layout; 7: Q8_0 in that layout, a byte plane; 8: Q6_K in that
  * layout, its codes less 32 in the byte plane; 9: IQ3_XXS in that layout, a codebook's 4-bit
- * codes). */
-#define QG_FORMAT_VERSION 9
+ * codes; 10: IQ4_XS's and IQ3_XXS's nibbles in that layout placed by A register, byte p of a word
+ * register p's two codes). */
+#define QG_FORMAT_VERSION 10
 
 /* ------------------------------------------------------------------ status */
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from . import __version__ as _package_version
 
 # QG_FORMAT_VERSION this package's packers and readers expect.
-EXPECTED_FORMAT_VERSION = 9
+EXPECTED_FORMAT_VERSION = 10
 
 if sys.platform == "win32":
     _LIB_NAME = "quantgemm.dll"
@@ -186,8 +186,8 @@ QG_VERSION_MAJOR = 0
 QG_VERSION_MINOR = 1
 # #define QG_VERSION_PATCH 0
 QG_VERSION_PATCH = 0
-# #define QG_FORMAT_VERSION 9
-QG_FORMAT_VERSION = 9
+# #define QG_FORMAT_VERSION 10
+QG_FORMAT_VERSION = 10
 
 # ---------------------------------------------------------------- status
 

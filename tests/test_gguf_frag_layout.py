@@ -318,10 +318,11 @@ def _codes_plane(fmt, blocks, n, k):
     """The weights plane from its definition: the 4-bit codes' nibble plane, or q6_K's q - 32
     (int8) in the byte plane."""
     if fmt == "iq3_xxs":
-        return FR.pack_nibbles(_iq3_xxs_codes(blocks, n, k))
+        return GF.place_codebook_nibbles(FR.pack_nibbles(_iq3_xxs_codes(blocks, n, k)))
     if fmt == "q6_K":
         return GF.pack_bytes((q6_k.unpack_quants(blocks).reshape(n, k).astype(np.int16) - 32).astype(np.int8))
-    return FR.pack_nibbles(SUPER[fmt].unpack_quants(blocks).reshape(n, k))
+    w = FR.pack_nibbles(SUPER[fmt].unpack_quants(blocks).reshape(n, k))
+    return GF.place_codebook_nibbles(w) if fmt in GF.CODEBOOK_FORMATS else w
 
 
 @pytest.mark.parametrize("fmt", list(SUPER))
@@ -390,6 +391,28 @@ def test_superblock_frag_refusals(rng, fmt):
         f.shard("n", 1, 0)
 
 
+@pytest.mark.parametrize("fmt", GF.CODEBOOK_FORMATS)
+def test_codebook_nibbles_are_placed_by_a_register(rng, fmt):
+    """The codebook formats' words: byte p holds the codes of A register p (m16n8k16: rows g /
+    g + 8, k 2t / 2t + 8 of the k16 step), its low half in the low nibble, the high half (k + 1)
+    in the high one; the byte the GPU decode indexes its table of value pairs with."""
+    n, k = 32, 512
+    raw = _raw_k(rng, n, k, fmt)
+    fw, _ = GF.repack(fmt, raw)
+    codes = (_iq3_xxs_codes(raw.reshape(n, k // 256, -1), n, k) if fmt == "iq3_xxs"
+             else SUPER[fmt].unpack_quants(raw.reshape(n, k // 256, -1)).reshape(n, k))
+    words = fw.view(np.uint32).reshape(n // 16, k // 64, 32, 4)
+    for lane in (0, 5, 31):
+        g, t = lane // 4, lane % 4
+        for p in range(4):
+            row, kk = g + 8 * (p % 2), 2 * t + 8 * (p // 2)
+            byte = (words[:, :, lane, :] >> np.uint32(8 * p)) & np.uint32(255)  # [rb, kt, step]
+            lo = codes[row::16, :].reshape(n // 16, k // 64, 4, 16)[..., kk]
+            hi = codes[row::16, :].reshape(n // 16, k // 64, 4, 16)[..., kk + 1]
+            np.testing.assert_array_equal(byte, lo | (hi.astype(np.uint32) << 4), f"lane {lane} register {p}")
+    np.testing.assert_array_equal(GF.unplace_codebook_nibbles(GF.place_codebook_nibbles(fw)), fw)
+
+
 def test_iq3_xxs_codes_value_the_weight(rng):
     """The kernels' model of an iq3_xxs frag weight: IQ3_CODEBOOK[code] times the group's
     (d * (0.5 + ls)) * 0.5 is the gguf package's float32 weight bit for bit (every product is
@@ -398,7 +421,7 @@ def test_iq3_xxs_codes_value_the_weight(rng):
     n, k = 24, 512
     raw = iq3_xxs.random_blocks(rng, n, k)
     fw, fs = GF.repack("iq3_xxs", raw)
-    codes = FR.unpack_nibbles(fw, n, k)
+    codes = FR.unpack_nibbles(GF.unplace_codebook_nibbles(fw), n, k)
     rec, d, second = GF.split_superblocks(fs, n, k)
     assert not second.any() and rec.max() <= 15
     d32 = np.repeat(d.view(np.float16).astype(np.float32), 8, axis=1)
@@ -414,7 +437,7 @@ def test_iq3_xxs_planes_no_block_gives_are_refused(rng, bad, poisoned_output):
     gives, naming the row, and write nothing."""
     n, k = 16, 256
     fw, fs = GF.repack("iq3_xxs", iq3_xxs.random_blocks(rng, n, k))
-    codes = FR.unpack_nibbles(fw, n, k)
+    codes = FR.unpack_nibbles(GF.unplace_codebook_nibbles(fw), n, k)
     rec, d, second = GF.split_superblocks(fs, n, k)
     row = 5
     if bad == "grid":  # 4 magnitudes that no grid entry has (3840 of the 4096 quads)
@@ -425,7 +448,7 @@ def test_iq3_xxs_planes_no_block_gives_are_refused(rng, bad, poisoned_output):
         codes[row, 0] ^= 8
     else:
         rec[row, 0] = 16
-    fw2 = FR.pack_nibbles(codes)
+    fw2 = GF.place_codebook_nibbles(FR.pack_nibbles(codes))
     nrec = int(np.prod(FR.plane_shapes(n, k, 32)["scales"]))
     fs2 = fs.copy()
     fs2[:nrec] = FR.pack_scales(rec, k, 32).reshape(-1)

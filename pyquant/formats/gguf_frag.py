@@ -26,7 +26,7 @@ and, per 256 elements, one 8-byte word pair: d of rows g | g + 8 << 16, then dmi
 iq4_xs: its weight (d * (ls - 32)) * KVALUES_IQ4NL[q] (q a 4-bit index into the codebook, ls
 6-bit per 32, d fp16 per 256) takes q4_K's planes: the indices as the codes, ls as the record
 (high byte 0), d as q4_K's d and 0 where q4_K's dmin is (4.625 bits a weight against the
-blocks' 4.25).
+blocks' 4.25). Its nibbles are placed by register (place_codebook_nibbles below).
 
 q8_0: its weight d * q (q an int8 code, d fp16 per 32) keeps q4_0's scales plane (float16,
 each block's d) and takes a byte plane for the codes, twice the nibble plane's size:
@@ -59,6 +59,11 @@ span two lanes' k pairs of the A fragment, so each element keeps its own code). 
 round-trips; unpack refuses planes no block gives (4 magnitudes not in the grid, 8 signs of odd
 parity, a record above 15).
 
+The codebook formats (iq4_xs, iq3_xxs) place their nibbles by A register: pack_nibbles' nibble j
+of a word (register p = j % 4, half h = j // 4) moves to nibble 2 p + h, so that byte p of a word
+holds register p's two codes and the GPU decode looks up the pair of values by one byte
+(place_codebook_nibbles; hip/mma.h codebook_pairs).
+
 (RB = Np/16, KT = Kp/64, KC = Kp/128, KB = Kp/32.) The library's CPU repack (src/gguf_layout.cpp) and GPU
 repack (hip/w4a16_repack.hip) must produce these bytes; docs/gguf-layout.md, "The frag layout".
 """
@@ -76,8 +81,9 @@ from . import q6_k as _q6_k
 from . import q8_0 as _q8_0
 from .iq_tables import IQ3XXS_GRID, KSIGNS_IQ2XS
 
-__all__ = ["FORMATS", "AUTO_FRAG", "GROUP", "IQ3_CODEBOOK", "plane_shapes", "scales_dtype", "repack", "unpack", "split_superblocks",
-           "decode_magnitudes", "byte_coords", "pack_bytes", "unpack_bytes"]
+__all__ = ["FORMATS", "AUTO_FRAG", "GROUP", "IQ3_CODEBOOK", "CODEBOOK_FORMATS", "plane_shapes", "scales_dtype", "repack",
+           "unpack", "split_superblocks", "decode_magnitudes", "byte_coords", "pack_bytes", "unpack_bytes",
+           "code_nibble", "place_codebook_nibbles", "unplace_codebook_nibbles"]
 
 FORMATS = ("q8_0", "q4_0", "q4_K", "iq4_xs", "q6_K", "iq3_xxs")   # the GGUF formats with a frag layout
 # Those that GGUFWeight.to_device(layout="auto") repacks for a GPU context: the formats whose frag
@@ -94,7 +100,31 @@ _IQ3_KEYS = np.sum(((IQ3XXS_GRID.astype(np.int64) - 4) >> 3) << (3 * np.arange(4
 _IQ3_INDEX = np.full(4096, -1, np.int16)
 _IQ3_INDEX[_IQ3_KEYS] = np.arange(256)
 BYTE_PLANE = ("q8_0", "q6_K")  # the formats whose codes are a byte plane (pack_bytes)
+CODEBOOK_FORMATS = ("iq4_xs", "iq3_xxs")  # the formats whose nibbles are placed by register (module docstring)
 GROUP = 32                   # one scale (q4_0) or record (q4_K) per 32 elements
+
+
+def code_nibble(j: int) -> int:
+    """The nibble of a codebook format's word that holds pack_nibbles' nibble j (module docstring)."""
+    return 2 * (j % 4) + j // 4
+
+
+def place_codebook_nibbles(words: np.ndarray) -> np.ndarray:
+    """pack_nibbles' words -> the codebook formats' placement (nibble j at nibble code_nibble(j))."""
+    w = np.asarray(words).view(np.uint32)
+    out = np.zeros_like(w)
+    for j in range(8):
+        out |= ((w >> np.uint32(4 * j)) & np.uint32(15)) << np.uint32(4 * code_nibble(j))
+    return out.view(np.int32)
+
+
+def unplace_codebook_nibbles(words: np.ndarray) -> np.ndarray:
+    """The inverse of place_codebook_nibbles."""
+    w = np.asarray(words).view(np.uint32)
+    out = np.zeros_like(w)
+    for j in range(8):
+        out |= ((w >> np.uint32(4 * code_nibble(j))) & np.uint32(15)) << np.uint32(4 * j)
+    return out.view(np.int32)
 
 
 def _check_format(fmt: str) -> None:
@@ -252,8 +282,9 @@ def repack(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if fmt == "q6_K":
         return pack_bytes(_q6_k_codes(blocks)), scales
     if fmt == "iq3_xxs":
-        return _frag.pack_nibbles(_iq3_xxs_codes(blocks)), scales
-    return _frag.pack_nibbles(spec.unpack_quants(blocks).reshape(n, k)), scales
+        return place_codebook_nibbles(_frag.pack_nibbles(_iq3_xxs_codes(blocks))), scales
+    w = _frag.pack_nibbles(spec.unpack_quants(blocks).reshape(n, k))
+    return (place_codebook_nibbles(w) if fmt in CODEBOOK_FORMATS else w), scales
 
 
 def split_superblocks(scales: np.ndarray, n: int, k: int):
@@ -291,7 +322,7 @@ def unpack(fmt: str, w: np.ndarray, scales: np.ndarray, n: int, k: int) -> np.nd
         out[..., _Q6_SC:_Q6_D] = np.ascontiguousarray(rec).view(np.uint8).reshape(n, nb, 16)
         out[..., _Q6_D:] = d.view(np.uint8).reshape(n, nb, 2)
         return out.reshape(n, -1)
-    codes = _frag.unpack_nibbles(w, n, k)
+    codes = _frag.unpack_nibbles(unplace_codebook_nibbles(w) if fmt in CODEBOOK_FORMATS else w, n, k)
     if fmt == "iq3_xxs":
         return _iq3_xxs_blocks(codes, rec, d).reshape(n, -1)
     out[..., 0:2] = d.view(np.uint8).reshape(n, nb, 2)

@@ -26,7 +26,8 @@
 // IQ4_XS: its weight (d * (ls - 32)) * kvalues[q] (q: a 4-bit index into the IQ4_NL codebook,
 // ls: 6-bit per 32, d: fp16 per 256) takes Q4_K's planes: the indices as the codes, ls as the
 // record (high byte 0), d where Q4_K's d is and 0 for dmin. 4.625 bits a weight against the
-// blocks' 4.25 (the same planes for both formats; a tighter IQ4_XS plane is left for later).
+// blocks' 4.25 (the same planes for both formats; a tighter IQ4_XS plane is left for later). Its
+// nibbles are placed by register (code_nibble below), as IQ3_XXS's are.
 //
 // Q6_K: its weight (d * sc) * (q - 32) (q: a 6-bit code, sc: an int8 scale per 16 elements, d:
 // fp16 per 256) takes Q8_0's byte plane for the codes less 32 (int8 -32..31) and Q4_K's scales
@@ -181,11 +182,21 @@ QG_FRAG_HD inline int code_bits(int format) { return format == QG_FORMAT_Q8_0 ||
 QG_FRAG_HD inline int64_t weights_plane_bytes(int format, const frag::Geometry& geo) {
     return geo.qweight_bytes() * (code_bits(format) / 4);
 }
+// The codebook formats (IQ4_XS, IQ3_XXS): a code indexes a 16-entry codebook, and a decode
+// looks the values up rather than computing them. Their nibble plane places the W4A16 order's
+// nibble j (A register p = j % 4, half h = j / 4) at nibble 2 p + h, so that byte p of a word is
+// register p's two codes: one byte indexes a table of value pairs (hip/mma.h, codebook_pairs).
+QG_FRAG_HD inline bool codebook_format(int format) {
+    return format == QG_FORMAT_IQ4_XS || format == QG_FORMAT_IQ3_XXS;
+}
+QG_FRAG_HD inline int code_nibble(int format, int j) { return codebook_format(format) ? 2 * (j & 3) + (j >> 2) : j; }
 // Where q[n][k]'s code sits in the weights plane: its word, and *shift its bit (the nibble
-// plane's frag::q_word_index, or the byte plane's).
+// plane's frag::q_word_index with the format's nibble placement, or the byte plane's).
 QG_FRAG_HD inline int64_t code_word_index(int format, const frag::Geometry& geo, int64_t n, int64_t k, int* shift) {
-    return code_bits(format) == 8 ? byte_word_index(geo.k_tiles, n, k, shift)
-                                  : frag::q_word_index(geo.k_tiles, n, k, shift);
+    if (code_bits(format) == 8) return byte_word_index(geo.k_tiles, n, k, shift);
+    const int64_t word = frag::q_word_index(geo.k_tiles, n, k, shift);
+    *shift = 4 * code_nibble(format, *shift / 4);
+    return word;
 }
 // Formats whose scales plane has the super-block part (Q4_K's planes).
 QG_FRAG_HD inline bool has_superblocks(int format) {

@@ -203,11 +203,9 @@ qg_status decode_mma_launch(const qg_context* ctx, const Args& a, qg_stream stre
 
 // ================================================================ decode_frag (frag layout)
 
-int frag_smem(int mt, int) { return mt == 1 ? FragStage<1>::SMEM : FragStage<2>::SMEM; }
-
 int frag_resident(const qg_context* ctx, int x_type, int mt, int group_size, bool asym, int code) {
     return launch_util::resident_blocks(ctx, decode_frag_kernel(x_type, mt, group_size, asym, code), FRAG_THREADS,
-                                        frag_smem(mt, group_size));
+                                        frag_smem_bytes(mt, code));
 }
 
 bool decode_frag_usable(const qg_context* ctx, const Args& a, const char** why) {
@@ -273,13 +271,13 @@ qg_status frag_launch::decode(const qg_context* ctx, const Args& a, int code, qg
     FragPlan plan;
     if (!frag_plan(ctx, a, code, &plan))
         return set_error(QG_ERR_DEVICE, "%s decode_frag cannot be made resident (%d bytes of shared memory)",
-                         family, frag_smem(plan.mt, a.group_size));
+                         family, frag_smem_bytes(plan.mt, code));
     if (log_enabled())
         log_once("%s decode_frag m=%lld n=%lld k=%lld g=%d %s: mt=%d row_tiles=%d chunks=%d blocks=%d "
                  "max_contributors=%d smem=%d%s",
                  family, static_cast<long long>(a.m), static_cast<long long>(a.n), static_cast<long long>(a.k),
                  a.group_size, frag_launch::code_name(code, a.qzeros != nullptr), plan.mt, plan.row_tiles, plan.k_chunks, plan.blocks,
-                 plan.max_contributors, frag_smem(plan.mt, a.group_size),
+                 plan.max_contributors, frag_smem_bytes(plan.mt, code),
                  a.m > kDecodeRows ? " (one launch per 16 rows)" : "");
     FragParams p{};
     p.qweight = reinterpret_cast<const uint32_t*>(a.qweight);
@@ -306,7 +304,7 @@ qg_status frag_launch::decode(const qg_context* ctx, const Args& a, int code, qg
     return launch_by_16_rows(
         a, p, plan.mt, plan.blocks, FRAG_THREADS,
         [&](int mt) { return decode_frag_kernel(x_type, mt, a.group_size, asym, code); },
-        [&](int mt) { return frag_smem(mt, a.group_size); }, stream, frag_launch::kernel_name(code, false));
+        [&](int mt) { return frag_smem_bytes(mt, code); }, stream, frag_launch::kernel_name(code, false));
 }
 
 namespace {
