@@ -18,4 +18,9 @@ __device__ __forceinline__ float glu(int act, float g, float u, float alpha, flo
     return g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
 }
 
+// Where channel c's gate and up biases sit among an expert's 2 x inter stage-1 biases:
+// concatenated, c and inter + c, or interleaved, 2c and 2c + 1.
+__device__ __forceinline__ int gate_index(int concat, int c) { return concat ? c : 2 * c; }
+__device__ __forceinline__ int up_index(int concat, int inter, int c) { return concat ? inter + c : 2 * c + 1; }
+
 }  // namespace qg

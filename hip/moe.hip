@@ -329,8 +329,8 @@ __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
                         continue;
                     }
                     const int64_t b0 = static_cast<int64_t>(e) * 2 * p.rows;
-                    const float gate = acc[0][mt][i] + bias_at(p.bias, b0 + (p.concat ? c : 2 * c));
-                    const float up = acc[1][mt][i] + bias_at(p.bias, b0 + (p.concat ? p.rows + c : 2 * c + 1));
+                    const float gate = acc[0][mt][i] + bias_at(p.bias, b0 + gate_index(p.concat, c));
+                    const float up = acc[1][mt][i] + bias_at(p.bias, b0 + up_index(p.concat, p.rows, c));
                     store_out(p.act, static_cast<int64_t>(q) * p.rows + c, glu(p.activation, gate, up, p.alpha, p.limit),
                               p.act_type);
                 } else {
@@ -399,8 +399,8 @@ __global__ void __launch_bounds__(ACT_THREADS) moe_act(const ActParams p) {
                 row[z * p.plane + c] = 0.0f;
                 row[z * p.plane + c + p.part_rows] = 0.0f;
             }
-            const float g = gate[j] + bias_at(p.bias, b0 + (p.concat ? c : 2 * c));
-            const float u = up[j] + bias_at(p.bias, b0 + (p.concat ? p.inter + c : 2 * c + 1));
+            const float g = gate[j] + bias_at(p.bias, b0 + gate_index(p.concat, c));
+            const float u = up[j] + bias_at(p.bias, b0 + up_index(p.concat, p.inter, c));
             store_out(p.act, static_cast<int64_t>(q) * p.inter + c, glu(p.activation, g, u, p.alpha, p.limit),
                       p.act_type);
         }
