@@ -149,8 +149,9 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 }  // namespace
 #endif
 
-template <int XT, int MT, int STAGE>
-__global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
+// SL > 1: at most 128 registers, so that two blocks of 2 slices (or one of 4) stay resident an SM
+template <int XT, int MT, int STAGE, int SL>
+__global__ void __launch_bounds__(GEMM_THREADS * SL, SL == 1 ? 0 : SL == 2 ? 2 : 1) moe_gemm(const GemmParams p) {
 #if defined(QG_HAS_MMA_SYNC)
     constexpr bool FOLD = XT == ELEM_BF16;
     constexpr int TM = MT * 8;
@@ -159,13 +160,27 @@ __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
     __shared__ int slot_pair[TM];
     __shared__ int used_slots;
 
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int slice = SL == 1 ? 0 : tid / GEMM_THREADS;    // K slice of the block (moe_kernels.h)
+    const int stid = SL == 1 ? tid : tid % GEMM_THREADS;   // thread in its slice
+    const int warp = stid >> 5;                // the warp's row blocks
     const int g = lane >> 2, t = lane & 3;
-    // split-K (gridDim.z splits): this block's chunks [kc0, kc0 + KC) of the KC_ALL
+    // split-K (gridDim.z splits of SL slices each): this slice's chunks [kc0, kc0 + KC) of the KC_ALL
     const int KC_ALL = p.k_chunks;
     const int64_t KT = 2 * static_cast<int64_t>(KC_ALL);
-    const int kc0 = static_cast<int>(blockIdx.z) * KC_ALL / static_cast<int>(gridDim.z);
-    const int KC = (static_cast<int>(blockIdx.z) + 1) * KC_ALL / static_cast<int>(gridDim.z) - kc0;
+    const int part = static_cast<int>(blockIdx.z) * SL + slice, parts = static_cast<int>(gridDim.z) * SL;
+    const int kc0 = part * KC_ALL / parts;
+    const int KC = (part + 1) * KC_ALL / parts - kc0;
+    // the slices walk their chunks in step, through block barriers, as many steps as the
+    // block's longest slice has chunks (a shorter slice keeps the barriers only)
+    int KC_STEPS = KC;
+    if constexpr (SL > 1) {
+#pragma unroll
+        for (int s2 = 0; s2 < SL; ++s2) {
+            const int q = static_cast<int>(blockIdx.z) * SL + s2;
+            KC_STEPS = max(KC_STEPS, (q + 1) * KC_ALL / parts - q * KC_ALL / parts);
+        }
+    }
     const int k_left = p.k - kc0 * 128;
     const int RBp = p.part_blocks;
     // this warp's row blocks inside one expert's part(s): stage 1 block j of gate and of up
@@ -193,20 +208,22 @@ __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
         const int used = used_slots;  // slots [0, used) hold every real pair (a prefix from align)
         if (used == 0) continue;
 
-        // x rows: thread copies pieces tid + 128 i (row / 16, 16-byte piece % 16), i < MT
+        // x rows: thread copies pieces stid + 128 i (row / 16, 16-byte piece % 16), i < MT, into
+        // its slice's ring
         const uint16_t* xsrc[MT];
         bool xreal[MT];
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
-            const int q = slot_pair[(tid + GEMM_THREADS * i) >> 4];
+            const int q = slot_pair[(stid + GEMM_THREADS * i) >> 4];
             xreal[i] = q >= 0;
-            xsrc[i] = p.x + (xreal[i] ? static_cast<int64_t>(q / p.x_row_div) * p.ldx : 0) + ((tid & 15) * 8) + kc0 * 128;
+            xsrc[i] = p.x + (xreal[i] ? static_cast<int64_t>(q / p.x_row_div) * p.ldx : 0) + ((stid & 15) * 8) + kc0 * 128;
         }
+        unsigned char* ring = smem + slice * GEMM_X_STAGES * X_BYTES;
         auto load_x = [&](int kc, int slot) {
-            uint16_t* dst = reinterpret_cast<uint16_t*>(smem + slot * X_BYTES);
+            uint16_t* dst = reinterpret_cast<uint16_t*>(ring + slot * X_BYTES);
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
-                const int q = tid + GEMM_THREADS * i;
+                const int q = stid + GEMM_THREADS * i;
                 const bool in_k = kc * 128 + (q & 15) * 8 < k_left;  // K % 32 == 0: pieces are whole
                 cp_async16(dst + (q >> 4) * GEMM_XS_STRIDE + (q & 15) * 8, xsrc[i] + kc * 128, xreal[i] && in_k);
             }
@@ -256,7 +273,9 @@ __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
             __syncthreads();  // chunk kc's x has landed everywhere; slot (kc - 1) is free
             if (kc + GEMM_X_STAGES - 1 < KC) load_x(kc + GEMM_X_STAGES - 1, (kc + GEMM_X_STAGES - 1) % GEMM_X_STAGES);
             cp_async_commit();
-            const uint16_t* xs = reinterpret_cast<const uint16_t*>(smem + (kc % GEMM_X_STAGES) * X_BYTES);
+            if constexpr (SL > 1)
+                if (kc >= KC) return;  // this slice's chunks are done
+            const uint16_t* xs = reinterpret_cast<const uint16_t*>(ring + (kc % GEMM_X_STAGES) * X_BYTES);
             uint32_t bfrag[MT][4];
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks) {
@@ -305,11 +324,35 @@ __global__ void __launch_bounds__(GEMM_THREADS) moe_gemm(const GemmParams p) {
             }
             load_chunk(d, kc + 2);  // the registers of chunk kc are spent
         };
-        for (int kc = 0; kc < KC; kc += 2) {
+        for (int kc = 0; kc < KC_STEPS; kc += 2) {
             run_chunk(kc, ra);
-            if (kc + 1 < KC) run_chunk(kc + 1, rb);
+            if (kc + 1 < KC_STEPS) run_chunk(kc + 1, rb);
         }
         cp_async_wait<0>();
+        if constexpr (SL > 1) {  // the slices' sums into slice 0's registers, in slice order
+            float* sums = reinterpret_cast<float*>(smem);  // [slice - 1][r][mt][i][stid]
+            __syncthreads();  // every slice is done with its ring
+            if (slice > 0) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            sums[(((slice - 1) * 2 + r) * MT * 4 + mt * 4 + i) * GEMM_THREADS + stid] = acc[r][mt][i];
+            }
+            __syncthreads();
+            if (slice > 0) continue;  // the next tile opens with a block barrier, as every slice does
+#pragma unroll
+            for (int s2 = 1; s2 < SL; ++s2)
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            acc[r][mt][i] += sums[(((s2 - 1) * 2 + r) * MT * 4 + mt * 4 + i) * GEMM_THREADS + stid];
+        }
 
         // ---- epilogue. acc[r][mt][i]: row g + 8 (i >> 1) of row block r, token slot mt 8 + 2t + (i & 1)
 #pragma unroll
@@ -432,9 +475,10 @@ __global__ void __launch_bounds__(COMBINE_THREADS) moe_combine(const CombinePara
     }
 }
 
-const void* gemm_kernel(int x_type, int mt, int stage) {
-#define QG_CASE(XT, MT, ST) \
-    if (x_type == XT && mt == MT && stage == ST) return reinterpret_cast<const void*>(&moe_gemm<XT, MT, ST>);
+const void* gemm_kernel(int x_type, int mt, int stage, int slices) {
+#define QG_CASE(XT, MT, ST, SL)                                         \
+    if (x_type == XT && mt == MT && stage == ST && slices == SL) \
+        return reinterpret_cast<const void*>(&moe_gemm<XT, MT, ST, SL>);
     QG_MOE_GEMM_KERNELS(QG_CASE)
 #undef QG_CASE
     return nullptr;

@@ -81,26 +81,42 @@ struct GemmParams {
     int ld_part, part_rows;
 };
 
-// Thread block: 4 warps, each two row blocks (stage 1: gate and up of one block of 16
-// channels, so a lane holds both values of its outputs; stage 2: two consecutive row blocks),
-// all sharing the tile's x chunk [tile_m, 128] through a ring of GEMM_X_STAGES in shared
-// memory; the weights go global -> registers, each lane its own 16-byte pieces, two chunks
-// ahead.
+// Thread block: a slice of 4 warps, each two row blocks (stage 1: gate and up of one block of
+// 16 channels, so a lane holds both values of its outputs; stage 2: two consecutive row
+// blocks), all sharing the tile's x chunk [tile_m, 128] through a ring of GEMM_X_STAGES in
+// shared memory; the weights go global -> registers, each lane its own 16-byte pieces, two
+// chunks ahead. SL slices a block (SL > 1 only at tile_m 16: GPT-OSS at T = 1 has 180 stage-1
+// blocks for 132 SMs) cut the block's K in SL contiguous parts, each slice with its own x ring,
+// all walking their chunks in step through the block's barriers; the slices' sums meet in
+// shared memory (the rings' space), added in slice order by slice 0, which alone runs the
+// epilogue.
 constexpr int GEMM_WARPS = 4;
 constexpr int GEMM_THREADS = GEMM_WARPS * 32;
 constexpr int GEMM_X_STAGES = 4;
 constexpr int GEMM_XS_STRIDE = 128 + 8;  // ldmatrix rows 272 bytes apart: the 8 rows of a phase cover the banks
+constexpr int GEMM_MAX_SLICES = 4;
 // row blocks of one part a block covers: stage 1 one per warp (its gate and up), stage 2 two
 __host__ __device__ constexpr int gemm_block_rbs(int stage) { return stage == STAGE_GATE_UP ? GEMM_WARPS : 2 * GEMM_WARPS; }
-__host__ __device__ constexpr int gemm_smem_bytes(int mt) { return GEMM_X_STAGES * mt * 8 * GEMM_XS_STRIDE * 2; }
+__host__ __device__ constexpr int gemm_smem_bytes(int mt, int slices) {
+    return slices * GEMM_X_STAGES * mt * 8 * GEMM_XS_STRIDE * 2;
+}
+// the fp32 sums slices 1 .. SL - 1 hand to slice 0: two row blocks x MT x 4 a lane
+__host__ __device__ constexpr int gemm_slice_sum_bytes(int mt, int slices) {
+    return (slices - 1) * GEMM_THREADS * 2 * mt * 4 * 4;
+}
+static_assert(gemm_slice_sum_bytes(2, GEMM_MAX_SLICES) <= gemm_smem_bytes(2, GEMM_MAX_SLICES),
+              "the slices' sums must fit the x rings they reuse");
 
-// moe_gemm<XT, MT, STAGE>: x type (fp16 / bf16), tile_m / 8, stage; nullptr if not listed.
-const void* gemm_kernel(int x_type, int mt, int stage);
+// moe_gemm<XT, MT, STAGE, SL>: x type (fp16 / bf16), tile_m / 8, stage, slices; nullptr if
+// not listed.
+const void* gemm_kernel(int x_type, int mt, int stage, int slices);
 
 #define QG_MOE_GEMM_KERNELS(X)                                                                          \
-    X(ELEM_BF16, 2, 1) X(ELEM_BF16, 4, 1) X(ELEM_BF16, 8, 1) X(ELEM_BF16, 2, 2) X(ELEM_BF16, 4, 2)     \
-    X(ELEM_BF16, 8, 2) X(ELEM_F16, 2, 1) X(ELEM_F16, 4, 1) X(ELEM_F16, 8, 1) X(ELEM_F16, 2, 2)         \
-    X(ELEM_F16, 4, 2) X(ELEM_F16, 8, 2)
+    X(ELEM_BF16, 2, 1, 1) X(ELEM_BF16, 4, 1, 1) X(ELEM_BF16, 8, 1, 1) X(ELEM_BF16, 2, 2, 1)             \
+    X(ELEM_BF16, 4, 2, 1) X(ELEM_BF16, 8, 2, 1) X(ELEM_F16, 2, 1, 1) X(ELEM_F16, 4, 1, 1)               \
+    X(ELEM_F16, 8, 1, 1) X(ELEM_F16, 2, 2, 1) X(ELEM_F16, 4, 2, 1) X(ELEM_F16, 8, 2, 1)                 \
+    X(ELEM_BF16, 2, 1, 2) X(ELEM_BF16, 2, 2, 2) X(ELEM_F16, 2, 1, 2) X(ELEM_F16, 2, 2, 2)               \
+    X(ELEM_BF16, 2, 1, 4) X(ELEM_BF16, 2, 2, 4) X(ELEM_F16, 2, 1, 4) X(ELEM_F16, 2, 2, 4)
 
 // ---------------------------------------------------------------- grouped wgmma path (tile_m 64..256)
 // Many tokens per expert: each stage gathers its activation rows by expert tile into the

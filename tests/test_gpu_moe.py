@@ -10,7 +10,9 @@ pair for stage 1's first thread block, whose other warps own no channel) and hid
 (stage 2's last row tile partial); K split in 4 / 2 parts (T = 1, H = 2048, I = 1024); tile_m = 64 on
 the grouped wgmma tier and on the mma.sync tiles, each forced by name; the output poisoned with guard bands, every element
 compared (normalised error under a named bound, no fraction escape). Stage 1 alone writes
-every pair's row of act and nothing outside it (guard rows poisoned).
+every pair's row of act and nothing outside it (guard rows poisoned). K cut in 1, 2 or 4
+slices inside a block of the tile_m = 16 launches (forced in a child process), and the rule
+that slices GPT-OSS's stage 1 at T = 1.
 """
 from __future__ import annotations
 
@@ -283,23 +285,44 @@ def test_gpu_moe_stage2_splits_where_its_blocks_cannot_fill_the_gpu(rng, gpu_ctx
     assert _stage2_planes(gpu_ctx, rng, 64, 4, 4, 2880, 2880) == 1
 
 
-# One MoE layer in a fresh interpreter (the library reads QG_EXP_MOE_FUSED_ACT and QG_LOG once
-# per process): inputs from argv[1] (.npz), y's bits to argv[2].
+# MoE layers in a fresh interpreter (the library reads QG_EXP_MOE_FUSED_ACT, QG_EXP_MOE_SLICES
+# and QG_LOG once per process): argv holds pairs of inputs (.npz of _layer_file) and the file
+# for y's bits.
 _LAYER_CHILD = """
 import sys
 import ml_dtypes, numpy as np, pyquant
-d = np.load(sys.argv[1])
 ctx = pyquant.gpu_context()
-w13 = pyquant.from_mxfp4(d["b13"], d["s13"], d["bias13"])
-w2 = pyquant.from_mxfp4(d["b2"], d["s2"], d["bias2"])
-layout, activation, tile_m = str(d["layout"]), str(d["activation"]), int(d["tile_m"])
-d13, d2 = pyquant.moe_repack(w13, w2, layout, ctx=ctx)
-x = pyquant.DeviceArray.from_numpy(d["x"].view(ml_dtypes.bfloat16), ctx)
-ids, wts = (pyquant.DeviceArray.from_numpy(d[k], ctx) for k in ("ids", "wts"))
-y = pyquant.moe(x, ids, wts, d13, d2, activation=activation, gate_up_layout=layout, tile_m=tile_m, ctx=ctx)
-ctx.synchronize()
-np.save(sys.argv[2], np.ascontiguousarray(y.to_numpy()).view(np.uint16))
+for src, dst in zip(sys.argv[1::2], sys.argv[2::2]):
+    d = np.load(src)
+    w13 = pyquant.from_mxfp4(d["b13"], d["s13"], d["bias13"])
+    w2 = pyquant.from_mxfp4(d["b2"], d["s2"], d["bias2"])
+    layout, activation, tile_m = str(d["layout"]), str(d["activation"]), int(d["tile_m"])
+    d13, d2 = pyquant.moe_repack(w13, w2, layout, ctx=ctx)
+    x = pyquant.DeviceArray.from_numpy(d["x"].view(np.dtype(str(d["x_dt"]))), ctx)
+    ids, wts = (pyquant.DeviceArray.from_numpy(d[k], ctx) for k in ("ids", "wts"))
+    y = pyquant.moe(x, ids, wts, d13, d2, activation=activation, gate_up_layout=layout, tile_m=tile_m, ctx=ctx)
+    ctx.synchronize()
+    np.save(dst, np.ascontiguousarray(y.to_numpy()).view(np.uint16))
 """
+
+
+def _layer_file(path, x, ids, wts, w13, w2, layout, activation, tile_m):
+    np.savez(path, x=x.view(np.uint16), x_dt=np.array(x.dtype.name), ids=ids, wts=wts, b13=np.asarray(w13.blocks),
+             s13=np.asarray(w13.scales), bias13=np.asarray(w13.bias), b2=np.asarray(w2.blocks),
+             s2=np.asarray(w2.scales), bias2=np.asarray(w2.bias).astype(np.float32), layout=np.array(layout),
+             activation=np.array(activation), tile_m=np.array(tile_m))
+
+
+def _run_children(tmp_path, files, env):
+    """y of each layer file (as uint16 bits) from one child process, and its stderr."""
+    argv = []
+    for f in files:
+        argv += [str(f), str(f.with_suffix(".y.npy"))]
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("QG_EXP_")}  # only `env`'s switches
+    p = subprocess.run([sys.executable, "-c", _LAYER_CHILD, *argv], env=dict(child_env, **env),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"child failed:\n{p.stderr[-2000:]}"
+    return [np.load(f.with_suffix(".y.npy")) for f in files], p.stderr
 
 
 @pytest.mark.parametrize("tile_m,activation,layout", [(128, "swiglu_oai", "interleaved"), (128, "silu_glu", "concat"),
@@ -317,26 +340,66 @@ def test_gpu_moe_fused_activation_is_moe_act_bit_for_bit(rng, gpu_ctx, tmp_path,
     e, top_k, h, inter, t = 16, 4, 352, 160, 300
     x, ids, wts, w13, w2 = _layer(rng, t, e, top_k, h, inter, BF16)
     src = tmp_path / "layer.npz"
-    np.savez(src, x=x.view(np.uint16), ids=ids, wts=wts, b13=np.asarray(w13.blocks),
-             s13=np.asarray(w13.scales), bias13=np.asarray(w13.bias), b2=np.asarray(w2.blocks),
-             s2=np.asarray(w2.scales), bias2=np.asarray(w2.bias).astype(np.float32), layout=np.array(layout),
-             activation=np.array(activation), tile_m=np.array(tile_m))
+    _layer_file(src, x, ids, wts, w13, w2, layout, activation, tile_m)
     ys = {}
     for fused in ("1", "0"):
-        dst = tmp_path / f"y{fused}.npy"
-        p = subprocess.run([sys.executable, "-c", _LAYER_CHILD, str(src), str(dst)],
-                           env=dict(os.environ, QG_LOG="1", QG_EXP_MOE_FUSED_ACT=fused),
-                           capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, f"child failed:\n{p.stderr[-2000:]}"
-        stage1 = [ln for ln in p.stderr.splitlines() if "moe stage1: grouped prefill_wgmma" in ln]
-        assert stage1 and all(("activation in the epilogue" in ln) == (fused == "1") for ln in stage1), p.stderr[-2000:]
-        ys[fused] = np.load(dst)
+        (ys[fused],), err = _run_children(tmp_path, [src], dict(QG_LOG="1", QG_EXP_MOE_FUSED_ACT=fused))
+        stage1 = [ln for ln in err.splitlines() if "moe stage1: grouped prefill_wgmma" in ln]
+        assert stage1 and all(("activation in the epilogue" in ln) == (fused == "1") for ln in stage1), err[-2000:]
     assert np.array_equal(ys["1"], ys["0"]), \
         f"{np.count_nonzero(ys['1'] != ys['0'])} of {ys['1'].size} elements differ between the fused and moe_act paths"
     ref = reference.moe(x, ids, wts, w13.dequantize(), w2.dequantize(), np.asarray(w13.bias),
                         np.asarray(w2.bias).astype(np.float32), activation=activation, gate_up_layout=layout,
                         act_dtype=BF16)
     assert_close(ys["1"].view(BF16), ref, moe_bound(h, inter, BF16, BF16), f"gpu moe fused activation tile_m={tile_m}")
+
+
+def _stage_slices(err, stage):
+    """The slices= of each QG_LOG line of the stage's mma.sync launches."""
+    return [int(ln.split("slices=")[1].split()[0]) for ln in err.splitlines()
+            if f"moe {stage}: tile_m=" in ln and "slices=" in ln]
+
+
+@pytest.mark.parametrize("slices", ["1", "2", "4"])
+def test_gpu_moe_k_slices_against_reference(rng, gpu_ctx, tmp_path, assert_close, slices):
+    """The mma.sync tiles at tile_m = 16 with K cut in 1, 2 or 4 slices inside a thread block
+    (QG_EXP_MOE_SLICES, read once by the child process that runs the layers), both stages,
+    against the reference: H = 1056 (stage 1's K is 9 chunks, the last partial: 2 or 3 a
+    slice at 4), I = 544 (stage 2's K is 5 chunks: at 4 slices 1 or 2 each; stage 1's last row
+    tile has 2 of its 4 warps in use), bf16 and fp16 x, T = 1 (top 4) and T = 3 (top 2) on 8
+    experts. The QG_LOG lines name the slices each launch ran."""
+    _need(gpu_ctx)
+    e, h, inter = 8, 1056, 544
+    cases, files = [], []
+    for x_dt in (BF16, F16):
+        for t, top_k in ((1, 4), (3, 2)):
+            x, ids, wts, w13, w2 = _layer(rng, t, e, top_k, h, inter, x_dt)
+            files.append(tmp_path / f"layer{len(files)}.npz")
+            _layer_file(files[-1], x, ids, wts, w13, w2, "interleaved", "swiglu_oai", 16)
+            cases.append((x_dt, t, x, ids, wts, w13, w2))
+    ys, err = _run_children(tmp_path, files, dict(QG_LOG="1", QG_EXP_MOE_SLICES=slices))
+    for stage in ("stage1", "stage2"):
+        assert set(_stage_slices(err, stage)) == {int(slices)}, err[-2000:]
+    for y, (x_dt, t, x, ids, wts, w13, w2) in zip(ys, cases):
+        ref = reference.moe(x, ids, wts, w13.dequantize(), w2.dequantize(), np.asarray(w13.bias),
+                            np.asarray(w2.bias).astype(np.float32), act_dtype=x_dt)
+        assert_close(y.view(x_dt), ref, moe_bound(h, inter, x_dt, x_dt), f"gpu moe slices={slices} x={x_dt} t={t}")
+
+
+def test_gpu_moe_stage1_slices_where_its_blocks_are_few(rng, gpu_ctx, tmp_path):
+    """No QG_EXP_MOE_SLICES: at T = 1 on GPT-OSS's H = I = 2880 (top 4), stage 1 has 45 row
+    tiles x 4 expert tiles = 180 blocks, which at 2 slices (two blocks of 256 threads an SM)
+    all fit the 132 SMs of an H100 or H200 at once: 2 slices; stage 2 splits K across blocks
+    instead (test_gpu_moe_stage2_splits_where_its_blocks_cannot_fill_the_gpu) and keeps 1. The
+    values of this launch: test_gpu_moe_shapes (gpt_oss_t1)."""
+    _need(gpu_ctx)
+    if not any(name in gpu_ctx.device_name for name in ("H100", "H200")):  # 132 SMs (the rule's numbers)
+        pytest.skip(f"the block counts here are an H100's or H200's, not {gpu_ctx.device_name}'s")
+    x, ids, wts, w13, w2 = _layer(rng, 1, 4, 4, 2880, 2880, BF16)
+    src = tmp_path / "layer.npz"
+    _layer_file(src, x, ids, wts, w13, w2, "interleaved", "swiglu_oai", 16)
+    _, err = _run_children(tmp_path, [src], dict(QG_LOG="1"))
+    assert _stage_slices(err, "stage1") == [2] and _stage_slices(err, "stage2") == [1], err[-2000:]
 
 
 def test_gpu_moe_refuses_canonical_experts(rng, gpu_ctx):

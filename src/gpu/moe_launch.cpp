@@ -62,7 +62,7 @@ bool stage_usable(const qg_context* ctx, qg_mxfp4_layout layout, qg_dtype x_dtyp
 // filled by the caller.
 struct GemmCall {
     moe::GemmParams p{};
-    int stage = 0, mt = 0, splits = 1;
+    int stage = 0, mt = 0, splits = 1, slices = 1;
     int64_t tiles_bound = 0;  // the tiles a launch walks at most (min(max_tiles, pairs): each used tile holds a pair)
 };
 
@@ -98,18 +98,24 @@ GemmCall gemm_call(int stage, int64_t T, int32_t top_k, int32_t E, int32_t tile_
     return c;
 }
 
+// Thread blocks of a launch along the rows (one part's row tiles), and those that hold a tile
+// in use at most (the tiles walked are at most one a pair).
+int64_t row_tiles(const GemmCall& c) { return ceil_div(c.p.part_blocks, moe::gemm_block_rbs(c.stage)); }
+int64_t blocks_in_use(const GemmCall& c) { return row_tiles(c) * std::max<int64_t>(1, c.tiles_bound); }
+
 qg_status launch_gemm(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype, qg_stream stream, const char* what) {
-    const void* kernel = moe::gemm_kernel(elem_type(x_dtype), c.mt, c.stage);
-    const int smem = moe::gemm_smem_bytes(c.mt);
+    const void* kernel = moe::gemm_kernel(elem_type(x_dtype), c.mt, c.stage, c.slices);
+    const int smem = moe::gemm_smem_bytes(c.mt, c.slices);
     qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, what);
     if (st != QG_OK) return st;
-    const int64_t gx = ceil_div(c.p.part_blocks, moe::gemm_block_rbs(c.stage));
+    const int64_t gx = row_tiles(c);
     const int64_t gy = std::max<int64_t>(1, std::min<int64_t>(c.tiles_bound, kMaxGridY));
     if (log_enabled())
-        log_once("%s: tile_m=%d grid=%lldx%lldx%d (row tiles x expert tiles x k splits) chunks=%d smem=%d", what,
-                 c.p.tile_m, static_cast<long long>(gx), static_cast<long long>(gy), c.splits, c.p.k_chunks, smem);
+        log_once("%s: tile_m=%d grid=%lldx%lldx%d (row tiles x expert tiles x k splits) slices=%d chunks=%d smem=%d",
+                 what, c.p.tile_m, static_cast<long long>(gx), static_cast<long long>(gy), c.splits, c.slices,
+                 c.p.k_chunks, smem);
     return launch_util::launch(kernel, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), c.splits),
-                               moe::GEMM_THREADS, smem, static_cast<hipStream_t>(stream), c.p, what);
+                               moe::GEMM_THREADS * c.slices, smem, static_cast<hipStream_t>(stream), c.p, what);
 }
 
 // Split-K of the mma.sync tiles: K cut in parts of at least 4 chunks, each block's fp32 sums
@@ -125,9 +131,41 @@ int mma_splits(const qg_context* ctx, const GemmCall& c) {
     const int64_t most = std::max<int64_t>(1, c.p.k_chunks / kSplitMinChunks);
     if (ctx->split_k > 0) return static_cast<int>(std::min<int64_t>(ctx->split_k, most));
     if (c.stage != moe::STAGE_DOWN) return 1;
-    const int64_t blocks = ceil_div(c.p.part_blocks, moe::gemm_block_rbs(c.stage)) * std::max<int64_t>(1, c.tiles_bound);
     const int64_t sms = std::max(ctx->sm_count, 1);
-    return blocks >= sms ? 1 : static_cast<int>(std::min(kMaxAutoSplits, most));
+    return blocks_in_use(c) >= sms ? 1 : static_cast<int>(std::min(kMaxAutoSplits, most));
+}
+
+// QG_EXP_MOE_SLICES=1 / 2 / 4 sets the slices of both stages' tile_m = 16 launches (the A/B of
+// bench/NOTES.md, session 44); unset or another value: mma_slices' rule. Read once a process.
+int forced_slices() {
+    static const int n = [] {
+        const char* v = getenv("QG_EXP_MOE_SLICES");
+        const int k = v != nullptr ? atoi(v) : 0;
+        return k == 1 || k == 2 || k == 4 ? k : 0;
+    }();
+    return n;
+}
+
+// K slices inside a block of the mma.sync tiles (hip/moe_kernels.h): more warps on the same
+// blocks where the blocks in use are too few to keep the weight stream's loads in flight.
+// GPT-OSS at T = 1: stage 1 has 45 row tiles x 4 expert tiles = 180 blocks of 4 warps for 132
+// SMs (~1.4 warps a scheduler, 1.35 TB/s; bench/NOTES.md, session 43). The most slices whose
+// blocks are all resident at once (one wave: more slices, fewer blocks an SM), each slice at
+// least kSplitMinChunks chunks; tile_m 16 only, and not where K is split across blocks (stage
+// 2 at T = 1 splits K in 4 already: its 368 blocks fill the SMs).
+int mma_slices(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype) {
+    if (c.mt != 2) return 1;
+    if (forced_slices() > 0) return forced_slices();
+    if (c.splits > 1) return 1;
+    const int64_t blocks = blocks_in_use(c);
+    for (int sl = moe::GEMM_MAX_SLICES; sl > 1; sl /= 2) {
+        if (c.p.k_chunks < sl * kSplitMinChunks) continue;
+        const void* kernel = moe::gemm_kernel(elem_type(x_dtype), c.mt, c.stage, sl);
+        const int resident =
+            launch_util::resident_blocks(ctx, kernel, moe::GEMM_THREADS * sl, moe::gemm_smem_bytes(c.mt, sl));
+        if (blocks <= static_cast<int64_t>(resident) * ctx->sm_count) return sl;
+    }
+    return 1;
 }
 
 // ---------------------------------------------------------------- align
@@ -217,6 +255,7 @@ GemmCall stage1_call(const qg_context* ctx, const qg_moe_stage1_args& a) {
     c.p.alpha = a.swiglu_alpha;
     c.p.limit = a.swiglu_limit;
     c.splits = mma_splits(ctx, c);
+    c.slices = mma_slices(ctx, c, a.x_dtype);
     c.p.part_rows = static_cast<int>(padded_rows(a.intermediate));
     c.p.ld_part = 2 * c.p.part_rows;
     c.p.plane = static_cast<int64_t>(c.p.pairs) * c.p.ld_part;
@@ -264,6 +303,7 @@ GemmCall stage2_call(const qg_context* ctx, const qg_moe_stage2_args& a) {
                            a.intermediate, a.act, a.intermediate, a.sorted_ids, a.tile_experts,
                            a.num_sorted, a.w2_blocks, a.w2_scales, a.w2_bias, a.bias_dtype);
     c.splits = mma_splits(ctx, c);
+    c.slices = mma_slices(ctx, c, a.act_dtype);
     c.p.plane = static_cast<int64_t>(c.p.pairs) * a.hidden;
     return c;
 }
