@@ -595,8 +595,8 @@ __device__ __forceinline__ void store_glu_staged(const WgAcc<BN>& acc, const Pre
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         in[e] = c + e < inter;
-        gate_b[e] = in[e] ? bias_at(p.bias, b0 + (p.concat ? c + e : 2 * (c + e))) : 0.0f;
-        up_b[e] = in[e] ? bias_at(p.bias, b0 + (p.concat ? inter + c + e : 2 * (c + e) + 1)) : 0.0f;
+        gate_b[e] = in[e] ? bias_at(p.bias, b0 + gate_index(p.concat, c + e)) : 0.0f;
+        up_b[e] = in[e] ? bias_at(p.bias, b0 + up_index(p.concat, inter, c + e)) : 0.0f;
     }
     const bool whole = in[3] && (inter & 3) == 0 && (reinterpret_cast<uintptr_t>(p.act) & 7) == 0;
     const uint32_t src = smem_addr(stage) + row0 * PF_STAGE_STRIDE_F32 + 16 * piece;
