@@ -109,22 +109,23 @@ def code_nibble(j: int) -> int:
     return 2 * (j % 4) + j // 4
 
 
-def place_codebook_nibbles(words: np.ndarray) -> np.ndarray:
-    """pack_nibbles' words -> the codebook formats' placement (nibble j at nibble code_nibble(j))."""
+def _move_nibbles(words: np.ndarray, src, dst) -> np.ndarray:
+    """Each word's nibble src(j) moved to nibble dst(j), j = 0..7."""
     w = np.asarray(words).view(np.uint32)
     out = np.zeros_like(w)
     for j in range(8):
-        out |= ((w >> np.uint32(4 * j)) & np.uint32(15)) << np.uint32(4 * code_nibble(j))
+        out |= ((w >> np.uint32(4 * src(j))) & np.uint32(15)) << np.uint32(4 * dst(j))
     return out.view(np.int32)
+
+
+def place_codebook_nibbles(words: np.ndarray) -> np.ndarray:
+    """pack_nibbles' words -> the codebook formats' placement (nibble j at nibble code_nibble(j))."""
+    return _move_nibbles(words, lambda j: j, code_nibble)
 
 
 def unplace_codebook_nibbles(words: np.ndarray) -> np.ndarray:
     """The inverse of place_codebook_nibbles."""
-    w = np.asarray(words).view(np.uint32)
-    out = np.zeros_like(w)
-    for j in range(8):
-        out |= ((w >> np.uint32(4 * code_nibble(j))) & np.uint32(15)) << np.uint32(4 * j)
-    return out.view(np.int32)
+    return _move_nibbles(words, code_nibble, lambda j: j)
 
 
 def _check_format(fmt: str) -> None:
@@ -281,9 +282,8 @@ def repack(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scales = np.concatenate([records.reshape(-1), sb.reshape(-1)])
     if fmt == "q6_K":
         return pack_bytes(_q6_k_codes(blocks)), scales
-    if fmt == "iq3_xxs":
-        return place_codebook_nibbles(_frag.pack_nibbles(_iq3_xxs_codes(blocks))), scales
-    w = _frag.pack_nibbles(spec.unpack_quants(blocks).reshape(n, k))
+    codes = _iq3_xxs_codes(blocks) if fmt == "iq3_xxs" else spec.unpack_quants(blocks).reshape(n, k)
+    w = _frag.pack_nibbles(codes)
     return (place_codebook_nibbles(w) if fmt in CODEBOOK_FORMATS else w), scales
 
 
