@@ -12,22 +12,24 @@ import pyquant
 from pyquant import formats as F
 
 
-def main(argv):
-    fam, n, k, m = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
-    calls = int(argv[4]) if len(argv) > 4 else 5
-    rng = np.random.default_rng(0)
-    ctx = pyquant.default_context()
+def make_weight(fam: str, n: int, k: int, rng):
+    """A random host weight: "w4a16[:G]" (asymmetric, bf16 scales) or "gguf:<format>"."""
     if fam.startswith("w4a16"):
         g = int(fam.split(":")[1]) if ":" in fam else 128
         qweight = rng.integers(0, 2 ** 32, size=(n, k // 8), dtype=np.uint32).view(np.int32)
         scales = (rng.uniform(0.5, 2, size=(n, k // g)) / 16).astype(ml_dtypes.bfloat16)
         qzeros = rng.integers(0, 2 ** 32, size=(n // 8, k // g), dtype=np.uint32).view(np.int32)
-        w = pyquant.Int4Weight(qweight, scales, qzeros, g)
-    else:
-        fmt = fam.split(":")[1]
-        w = pyquant.from_gguf(fmt, F.get(fmt).module.random_blocks(rng, n, k, d_range=(1e-3, 1e-2)),
-                              shape=(n, k))
-    wd = w.to_device(ctx)
+        return pyquant.Int4Weight(qweight, scales, qzeros, g)
+    fmt = fam.split(":")[1]
+    return pyquant.from_gguf(fmt, F.get(fmt).module.random_blocks(rng, n, k, d_range=(1e-3, 1e-2)), shape=(n, k))
+
+
+def main(argv):
+    fam, n, k, m = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
+    calls = int(argv[4]) if len(argv) > 4 else 5
+    rng = np.random.default_rng(0)
+    ctx = pyquant.default_context()
+    wd = make_weight(fam, n, k, rng).to_device(ctx)
     x = pyquant.DeviceArray.from_numpy(rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16), ctx)
     y = pyquant.DeviceArray.empty((m, n), ml_dtypes.bfloat16, ctx)
     for _ in range(calls):
