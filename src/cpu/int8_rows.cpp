@@ -38,19 +38,16 @@ namespace cpu {
 #if QG_INT8_HAVE_AVX2
 namespace {
 
-// Bytes ahead of each row's reads that the kernel prefetches, once a cache line (a pass's
-// rows stream at once); 256, 2048 and 4096 measured within this VM's noise of it.
-constexpr int PREFETCH_BYTES = 1024;
-
-// Prefetches line `off` of a row PREFETCH_BYTES ahead and the same line of the row a pass
-// further on (int8_rows.h, SRC_ROWS: on ymm this panel's next 8 rows or the next panel's
-// first 8, on zmm the next panel's 16), which the next pass will read: without it every
-// pass began with its rows cold (one q4_0 row of K = 4096 is 36 lines, 16 of them before
-// the prefetch distance).
-QG_AVX2_INLINE void prefetch_row(const void* row, const void* next, int64_t off) {
-    _mm_prefetch((const char*)row + off + PREFETCH_BYTES, _MM_HINT_T0);
-    _mm_prefetch((const char*)next + off, _MM_HINT_T0);
-}
+// Prefetches line `off` of the row a pass further on (int8_rows.h, SRC_ROWS: on ymm this
+// panel's next 8 rows or the next panel's first 8, on zmm the next panel's 16), which the
+// next pass will read: without it every pass began with its rows cold (one q4_0 row of
+// K = 4096 is 36 lines). Into L2 (prefetcht1), and nothing ahead within the pass's own rows:
+// on a Zen 4 (bench/NOTES.md, "CPU int8 at M = 1 on a Zen 4: prefetch into L2") the L1
+// prefetches (prefetcht0 of the next pass and of each row 1024 bytes ahead) left cold M = 1
+// at about the kernel's time plus the weight's streaming time; into L2 it is about the
+// larger of the two (14336 x 4096, 2 threads: q8_0 2.5 -> 1.8 ms, q6_K 2.3 -> 1.7, q4_0
+// 1.5 -> 1.0-1.3). A Xeon measured prefetcht1 within its noise (session 37).
+QG_AVX2_INLINE void prefetch_row(const void* next, int64_t off) { _mm_prefetch((const char*)next + off, _MM_HINT_T1); }
 
 // Rows r (low 128 bits) and r + 4 (high) of 16 bytes each.
 QG_AVX2_INLINE __m256i load2(const uint8_t* r, const uint8_t* r4) {
