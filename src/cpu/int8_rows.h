@@ -29,9 +29,9 @@ bool rows_available();
 int64_t rows_max_m();
 
 // The weight rows of one panel (PANEL_ROWS of them; rows past the weight's last repeat it),
-// in the format's own layout. The codes' pointers go on for the next panel's rows
-// (SRC_ROWS in all; past the weight's last row, the last), which the decoders only
-// prefetch: a pass prefetches the rows a pass further on.
+// in the format's own layout. The codes' pointers (and MXFP4's scales') go on for the next
+// panel's rows (SRC_ROWS in all; past the weight's last row, the last), which the decoders
+// only prefetch: a pass prefetches the rows a pass further on.
 constexpr int SRC_ROWS = 2 * PANEL_ROWS;
 template <class Block>
 struct GgufSrc {
@@ -39,7 +39,7 @@ struct GgufSrc {
 };
 struct Mxfp4Src {
     const uint8_t* blocks[SRC_ROWS];    // [K/32][16] of each row
-    const uint8_t* scales[PANEL_ROWS];  // [K/32]
+    const uint8_t* scales[SRC_ROWS];    // [K/32]
 };
 struct Int4Src {
     const int32_t* qweight[SRC_ROWS];    // [K/8] words of each row

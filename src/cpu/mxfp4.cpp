@@ -29,8 +29,11 @@ qg_status cpu_mxfp4_gemm(const qg_context* ctx, const qg_mxfp4_gemm_args* a) {
                 src.blocks[r] = row_blocks(n);
                 src.scales[r] = a->scales + n * nblk;
             }
-            for (int r = cpu::PANEL_ROWS; r < cpu::SRC_ROWS; ++r)
-                src.blocks[r] = row_blocks(cpu::src_row(n0, count, a->n, r));
+            for (int r = cpu::PANEL_ROWS; r < cpu::SRC_ROWS; ++r) {
+                const int64_t n = cpu::src_row(n0, count, a->n, r);
+                src.blocks[r] = row_blocks(n);
+                src.scales[r] = a->scales + n * nblk;
+            }
             return src;
         },
         [&](int64_t n, int64_t k0, int64_t kc, const cpu::Int8Out& out) {
