@@ -33,8 +33,11 @@ bool int8_vbmi();
 // zmm copy measured slower at M = 1: 0-32 % warm on one thread, 1-20 % on the bench's cold
 // 14336 x 4096 on 2 threads (bench/NOTES.md, "CPU int8 at M = 1 on a Xeon with AMX": port
 // 1 takes no vector work while 512-bit instructions run, and the 16 row pointers leave
-// general registers short), so it waits for a CPU where it measures faster (Zen 4 / 5 is
-// not measured). QG_LOG=1 prints the choice once, when the rows kernel first runs.
+// general registers short). On a Zen 4 (bench/NOTES.md, "CPU int8 at M = 1 on a Zen 4:
+// prefetch into L2") it measured no better either: cold 14336 x 4096 M = 1 on 2 threads
+// 0.82-1.16 of ymm by format (q4_0 faster, int4 and q6_K slower), even warm. So it waits
+// for a CPU where it measures faster (Zen 5 is not measured). QG_LOG=1 prints the choice
+// once, when the rows kernel first runs.
 bool int8_rows_zmm();
 
 }  // namespace cpu
