@@ -24,12 +24,7 @@ qg_status cpu_mxfp4_gemm(const qg_context* ctx, const qg_mxfp4_gemm_args* a) {
         ctx, cpu::KIND_MXFP4, a->m, a->n, a->k, a->x_dtype, a->x, a->ldx,
         [&](int64_t n0, int count) {
             cpu::Mxfp4Src src;
-            for (int r = 0; r < cpu::PANEL_ROWS; ++r) {
-                const int64_t n = cpu::panel_row(n0, count, r);
-                src.blocks[r] = row_blocks(n);
-                src.scales[r] = a->scales + n * nblk;
-            }
-            for (int r = cpu::PANEL_ROWS; r < cpu::SRC_ROWS; ++r) {
+            for (int r = 0; r < cpu::SRC_ROWS; ++r) {
                 const int64_t n = cpu::src_row(n0, count, a->n, r);
                 src.blocks[r] = row_blocks(n);
                 src.scales[r] = a->scales + n * nblk;
