@@ -12,6 +12,13 @@
 // handed out, and the caller rethrows it once every helper has left, whichever thread
 // threw; the entry point turns it into an error status (api.cpp).
 //
+// Waking a sleeping thread costs tens of microseconds on a VM (a futex wake and, where the
+// vCPU halted, an interrupt to it: 2 threads ran q4_0 1024 x 1024 M = 1 in 50 us against 36
+// us on one, bench/NOTES.md, session 48), as much as a small GEMM's whole work. So a pool
+// thread that finds no open job spins on an atomic count for kSpin before it sleeps, and a
+// caller whose helpers are still on their last task spins as long before it sleeps: calls
+// that follow each other (a model's layers, the bench) find their helpers awake.
+//
 // Threads are detached and never end: the pool is allocated once and never freed, so
 // process exit does not wait for them. After fork() the child gets a fresh, empty pool
 // (the parent's threads do not exist there, and its lock may have been held).
@@ -19,12 +26,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
 #include <vector>
 #if defined(__unix__)
 #include <pthread.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
 #endif
 
 namespace qg {
@@ -39,9 +50,30 @@ struct Job {
     std::atomic<int64_t> next{0};
     int helpers_wanted = 0;  // the fields below are guarded by Pool::mu
     int joined = 0;
-    int active = 0;
+    // helpers working on it: changed under Pool::mu, read without it by the caller's spin
+    // (a helper's last access to the job is its release decrement)
+    std::atomic<int> active{0};
     std::exception_ptr error;  // the first exception a helper's task threw
 };
+
+constexpr std::chrono::microseconds kSpin{100};
+
+// Polls ready() (pause between polls) for at most kSpin; true once it held.
+template <class Ready>
+bool spin_until(Ready&& ready) {
+    const auto end = std::chrono::steady_clock::now() + kSpin;
+    for (;;) {
+        for (int i = 0; i < 64; ++i) {
+            if (ready()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+            _mm_pause();
+#else
+            std::this_thread::yield();
+#endif
+        }
+        if (std::chrono::steady_clock::now() >= end) return ready();
+    }
+}
 
 void stop(Job& job) { job.next.store(job.n_tasks, std::memory_order_relaxed); }  // no more tasks handed out
 
@@ -57,16 +89,23 @@ struct Pool {
     std::condition_variable work_cv;  // pool threads wait here for an open job
     std::condition_variable done_cv;  // callers wait here for their helpers to leave
     std::vector<Job*> open;           // jobs that still take helpers, oldest first
+    std::atomic<size_t> n_open{0};    // open.size(), written under mu, read by spinning threads
     int threads = 0;                  // threads started
 
     void close(Job* job) {  // with mu held
         auto it = std::find(open.begin(), open.end(), job);
         if (it != open.end()) open.erase(it);
+        n_open.store(open.size(), std::memory_order_relaxed);
     }
 
     void thread_main() {
         std::unique_lock<std::mutex> lk(mu);
         for (;;) {
+            if (open.empty()) {
+                lk.unlock();
+                spin_until([&] { return n_open.load(std::memory_order_relaxed) > 0; });
+                lk.lock();
+            }
             work_cv.wait(lk, [&] { return !open.empty(); });
             Job* job = open.front();
             const int worker = ++job->joined;
@@ -82,7 +121,7 @@ struct Pool {
             }
             lk.lock();
             if (error && !job->error) job->error = error;
-            if (--job->active == 0) done_cv.notify_all();
+            if (job->active.fetch_sub(1, std::memory_order_release) == 1) done_cv.notify_all();
         }
     }
 
@@ -91,6 +130,7 @@ struct Pool {
             std::lock_guard<std::mutex> lk(mu);
             job.helpers_wanted = helpers;
             open.push_back(&job);
+            n_open.store(open.size(), std::memory_order_relaxed);
             while (threads < helpers) {
                 try {
                     std::thread(&Pool::thread_main, this).detach();
@@ -113,9 +153,13 @@ struct Pool {
     }
 
     void finish(Job& job) {
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            close(&job);  // no helper joins it from here on
+        }
+        if (spin_until([&] { return job.active.load(std::memory_order_acquire) == 0; })) return;
         std::unique_lock<std::mutex> lk(mu);
-        close(&job);
-        done_cv.wait(lk, [&] { return job.active == 0; });
+        done_cv.wait(lk, [&] { return job.active.load(std::memory_order_relaxed) == 0; });
     }
 };
 
