@@ -4,6 +4,7 @@ cannot show at small T. The bench's routing and weights; the experts in the MoE 
 
     python bench/profile_moe.py gpt-oss-120b 1,8,64,512,2048 [tile_m]
     QG_SPLIT_K=4 python bench/profile_moe.py gpt-oss-120b 1,8      (the context's split_k option)
+    QG_MOE_TIER=cuda:moe_wgmma python bench/profile_moe.py gpt-oss-20b 512 64   (a forced tier)
     ncu -k regex:moe_gemm --launch-skip 3 --launch-count 2 python bench/profile_moe.py gpt-oss-120b 2048 0 ncu
 """
 import ctypes
@@ -85,6 +86,8 @@ def main(argv):
     ncu = len(argv) > 3 and argv[3] == "ncu"
     ctx = pyquant.gpu_context()
     ctx.set_option("split_k", int(os.environ.get("QG_SPLIT_K", "0")))
+    if os.environ.get("QG_MOE_TIER"):  # e.g. cuda:moe_wgmma at tile_m 64 (both tiers take it)
+        ctx.set_tier("moe", os.environ["QG_MOE_TIER"])
     rng = np.random.default_rng(0)
     if ncu:
         launches, _, _, _ = layer_calls(ctx, variant, ts[0], tile_m, rng)
