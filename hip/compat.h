@@ -152,3 +152,11 @@ inline void* qg_driver_entry_point(const char* name) {
 #if defined(QG_GPU_CUDA) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define QG_HAS_WGMMA 1
 #endif
+
+#if defined(QG_HAS_MMA_SYNC)
+namespace qg {
+// The shared-space address of a shared-memory pointer (the operand of cp.async, ldmatrix,
+// mbarrier and TMA instructions).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+}  // namespace qg
+#endif

@@ -19,17 +19,18 @@ enum SuperScale { SUPER_Q4_K = 0, SUPER_IQ4_XS = 1, SUPER_IQ3_XXS = 2 };
 #if defined(QG_HAS_MMA_SYNC)
 // cp.async: global -> shared copies that bypass registers. A false `valid` copies nothing
 // and zero-fills the destination (src-size 0). .cg caches in L2 only (streamed data).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+// dst: a shared-space address (smem_addr), for loops that step it without a conversion a copy
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* gmem, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
 }
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    cp_async16(smem_addr(smem), gmem, valid);
+}
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 8 : 0));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 8 : 0));
 }
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -38,12 +39,12 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // ldmatrix.x4: four 8x8 b16 matrices; lane i gives the address of row i % 8 of matrix i / 8,
 // and receives in register j row (lane / 4), elements 2 (lane % 4), +1 of matrix j: for
 // rows = tokens and columns = k that is the mma.m16n8k16 B fragment (b0 = k 0..7, b1 = 8..15).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
+                 : "r"(smem_row));
 }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) { ldmatrix_x4(r, smem_addr(smem_row)); }
 
 // D = A (16x16, row) * B (16x8, col) + C, fp32 accumulators; XT selects fp16 or bf16 inputs.
 template <int XT>

@@ -71,7 +71,8 @@ __device__ __forceinline__ uint32_t load_group_bytes(const uint8_t* p) {
 }
 
 // Where a lane's data of unit (rt, kc) lives: first row block of the warp's pair, then the
-// per-row-block strides. Recomputed per unit (a few integer ops); the loads add constants.
+// per-row-block strides (the loads add constants). Built where a row tile starts; the next
+// chunk's is a constant step (unit_step).
 struct UnitAddr {
     const uint4* w;        // tile (rb0, 2 kc), this lane's 16 bytes
     const uint32_t* s;     // scale record (rb0, kc), lane row g
@@ -135,6 +136,22 @@ __global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? FRAG_MIN_BLOC
         if (has_superblocks(CODE)) a.dm = p.superblocks + (static_cast<int64_t>(rb0) * (KC / 2) + kc / 2) * 8 + g;
         return a;
     };
+    // a's unit -> the next one, (rt, kc) (advance's result): a new row tile rebuilds the
+    // pointers (64-bit products), a chunk inside one steps them (no product a unit)
+    // q4_K's MT = 2 kernel holds its superblock state across the loop: a running address there
+    // spilled (16 -> 48 bytes, +3 % on the H100), so it rebuilds the address a unit as before
+    constexpr bool STEP = CODE != CODE_Q4_K;
+    auto unit_step = [&](UnitAddr& a, int rt, int kc) {
+        if (!STEP) return;
+        if (kc == 0) {
+            a = unit_addr(rt, 0);
+            return;
+        }
+        a.w += WT * 32;
+        a.s += 8 * GC;
+        a.z += 8 * GC;
+        if (has_superblocks(CODE) && kc % 2 == 0) a.dm += 8;
+    };
     auto load_unit = [&](UnitRegs<GC, WT>& d, const UnitAddr& a) {
 #pragma unroll
         for (int r = 0; r < FRAG_RB_PER_WARP; ++r) {
@@ -166,13 +183,15 @@ __global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? FRAG_MIN_BLOC
     const bool x_copier = tid < MT * 8 * 16;
     const bool x_row_in = x_row < p.m;
     const uint16_t* x_src = p.x + static_cast<int64_t>(x_row_in ? x_row : 0) * p.ldx + x_piece * 8;
-    uint16_t* x_dst = reinterpret_cast<uint16_t*>(smem) + x_row * FRAG_XS_STRIDE + x_piece * 8;
+    const uint32_t x_dst = smem_addr(smem) + (x_row * FRAG_XS_STRIDE + x_piece * 8) * 2;
     auto load_x = [&](int kc, int slot) {
         if (x_copier) {
             const bool in_k = kc * 128 + x_piece * 8 < p.k;  // K % 32 == 0: pieces are whole
-            cp_async16(x_dst + slot * (St::X_BYTES / 2), x_src + kc * 128, x_row_in && in_k);
+            cp_async16(x_dst + slot * St::X_BYTES, x_src + kc * 128, x_row_in && in_k);
         }
     };
+    // this lane's ldmatrix row of the B fragments (x tile mt adds 8 rows, step ks 32 bytes)
+    const uint32_t x_frag = smem_addr(smem) + ((lane & 7) * FRAG_XS_STRIDE + (lane >> 3) * 8) * 2;
 
     float acc[FRAG_RB_PER_WARP][MT][4];
     float grp[FRAG_RB_PER_WARP][MT][4];  // the running group's sum
@@ -210,13 +229,17 @@ __global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? FRAG_MIN_BLOC
         cp_async_commit();
     }
     UnitRegs<GC, WT> ra, rb;
+    UnitAddr fa = unit_addr(frt, fkc);  // where unit (frt, fkc) lives (STEP)
+    auto next_addr = [&]() { return STEP ? fa : unit_addr(frt, fkc); };
     if (u_begin < u_end) {
-        load_unit(ra, unit_addr(frt, fkc));
+        load_unit(ra, next_addr());
         advance(frt, fkc);
+        unit_step(fa, frt, fkc);
     }
     if (u_begin + 1 < u_end) {
-        load_unit(rb, unit_addr(frt, fkc));
+        load_unit(rb, next_addr());
         advance(frt, fkc);
+        unit_step(fa, frt, fkc);
     }
 
     // Decodes unit u (registers d, x in ring slot `slot`), refills d with unit u + 2, and
@@ -229,7 +252,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? FRAG_MIN_BLOC
             advance(xrt, xkc);
         }
         cp_async_commit();
-        const uint16_t* xs = reinterpret_cast<const uint16_t*>(smem + slot * St::X_BYTES);
+        const uint32_t xs = x_frag + slot * St::X_BYTES;
 
         uint32_t bfrag[MT][4];
         ZeroPairs zp[FRAG_RB_PER_WARP];
@@ -248,7 +271,7 @@ __global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? FRAG_MIN_BLOC
                 // B fragments of steps ks and ks + 1: matrix i / 8 = k 16 ks + 8 (i / 8), row i % 8
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
-                    ldmatrix_x4(bfrag[mt], xs + (mt * 8 + (lane & 7)) * FRAG_XS_STRIDE + ks * 16 + (lane >> 3) * 8);
+                    ldmatrix_x4(bfrag[mt], xs + (mt * 8 * FRAG_XS_STRIDE + ks * 16) * 2);
             }
             const int bh = (ks % 2) * 2;
             if constexpr (CODE == CODE_Q4_K) {
@@ -319,8 +342,9 @@ __global__ void __launch_bounds__(FRAG_THREADS, byte_codes(CODE) ? FRAG_MIN_BLOC
         }
         // the registers of unit u are spent: refill them with unit u + 2
         if (u + 2 < u_end) {
-            load_unit(d, unit_addr(frt, fkc));
+            load_unit(d, next_addr());
             advance(frt, fkc);
+            unit_step(fa, frt, fkc);
         }
 
         const int cur_rt = rt;
