@@ -529,15 +529,23 @@ def default_tile_m(num_tokens: int, top_k: int, num_experts: int, widest: int = 
     rows_per_expert = num_tokens * top_k / max(num_experts, 1)
     # Every expert's rows are padded up to a multiple of tile_m: with a few rows per
     # expert (decode) the smallest tile wastes least; with many, a taller tile reuses
-    # each dequantized weight tile across more rows. Measured on the H200 (GPT-OSS-20b and
-    # 120b, bench/NOTES.md "MoE grouped tier"): 16 up to 16 rows an expert, 32 up to 32, then
-    # 128 (the grouped wgmma tier: 20b T = 512 / 2048 768 / 2199 us against 923 / 2987 at 64
-    # and 2676 at 256, whose second tile an expert is mostly padding); 64 where 128 is not
-    # allowed (the CPU tier; GPUs without the grouped tier).
-    for tile, most_rows in ((16, 16), (32, 32)):
-        if rows_per_expert <= most_rows or tile >= widest:
+    # each dequantized weight tile across more rows. widest >= 128: a GPU whose stages take
+    # the grouped wgmma tier (tile_m 64 and up there, choose_stage). Measured (bench/NOTES.md,
+    # session 48: H100, profile_moe.py, GPT-OSS-20b and 120b, the layer in a graph): 16 up to
+    # 16 rows an expert (the mma.sync tiles; the grouped 64 is 1.3-1.7x slower there), 32 up
+    # to 24 (about even at 24), the grouped 64 up to 256 rows (12-20 % faster than 32 at 32
+    # rows and than 128 at 64-128 rows, 4 % at 256), then 128 (even at 384, 3 % faster at
+    # 512). widest 64 (the CPU tier, GPUs without the grouped tier): 16 up to 16 rows, 32 up
+    # to 32, then 64.
+    if widest < 128:
+        for tile, most_rows in ((16, 16), (32, 32)):
+            if rows_per_expert <= most_rows or tile >= widest:
+                return tile
+        return 64
+    for tile, most_rows in ((16, 16), (32, 24), (64, 256)):
+        if rows_per_expert <= most_rows:
             return tile
-    return 128 if widest >= 128 else 64
+    return 128
 
 
 def _index_operand(a, name: str, dtype, kind: str, stream=None) -> DeviceView:
@@ -674,8 +682,9 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
     if yv is None:
         result = _result_array(numpy_result, tuple(lead) + (h,), y_np_dtype, c)
         yv, _ = _rows(result, "out", "H", allow_copy=False)
-    # GPU: up to 128-token expert tiles (the grouped wgmma tier, sm_90a); where the stages
-    # refuse them (no such tier on this device), the context remembers 64 and the call reruns
+    # GPU: the grouped wgmma tier's expert tiles (64 and 128 tokens, sm_90a) past 24 rows an
+    # expert; where the stages refuse 128 (no such tier on this device), the context
+    # remembers 64 and the call reruns
     widest = getattr(c, "_moe_widest", 128 if c.is_gpu else 64)
     tm = int(tile_m) if tile_m is not None else default_tile_m(t, top_k, e, widest)
 

@@ -69,9 +69,8 @@ const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp
     return nullptr;  // select_tier names every tier's reason
 }
 #if defined(QG_HAVE_GPU)
-// first usable wins (choose_stage): the mma.sync tiles, tested on the H200, serve every
-// tile_m up to 64; the grouped wgmma tier (built, profiled, its correctness not yet run on a
-// GPU: bench/NOTES.md) serves 128 and 256, or any tile of 64 and up when forced by name
+// choose_stage: the grouped wgmma tier where it is usable (tile_m 64, 128, 256 on sm_90a),
+// else the mma.sync tiles (every tile_m up to 64)
 const Tier<qg_moe_align_args>* const kAlignTiers[] = {&kAlignCpu, &gpu_moe_align_tier};
 const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu, &gpu_moe_stage1_tier,
                                                         &gpu_moe_stage1_wgmma_tier};
@@ -97,13 +96,20 @@ bool is_grouped_wgmma(const char* name) {  // "<gpu>:moe_wgmma"
     return *colon == ':' && same_text(colon + 1, "moe_wgmma");
 }
 
+// The grouped wgmma tier wherever it is usable (tile_m 64 and up: at 64 it measured 12-20 %
+// faster than the mma.sync tiles' 32 and the grouped 128 from 32 to 256 rows an expert,
+// bench/NOTES.md session 48), else the first usable tier (the mma.sync tiles up to 64).
 template <class Args, const TierTable<Args>& (*TABLE)()>
 const Tier<Args>* choose_stage(const qg_context* ctx, const Args& a, const char** reason) {
-    const Tier<Args>* t = first_usable(TABLE(), ctx, a);
+    const TierTable<Args>& table = TABLE();
+    const Tier<Args>* t = nullptr;
+    for (int i = 0; i < table.count && t == nullptr; ++i)
+        if (is_grouped_wgmma(table.tiers[i]->name) && usable(*table.tiers[i], ctx, a)) t = table.tiers[i];
+    if (t == nullptr) t = first_usable(table, ctx, a);
     *reason = !on_gpu(ctx) ? "CPU context"
               : t != nullptr && is_grouped_wgmma(t->name)
-                  ? "tile_m > 64: the W4A16 prefill kernel grouped over the expert tiles"
-                  : "tile_m <= 64: mma.sync expert tiles";
+                  ? "tile_m >= 64 on sm_90a: the W4A16 prefill kernel grouped over the expert tiles"
+                  : "mma.sync expert tiles (tile_m <= 64)";
     return t;
 }
 

@@ -399,9 +399,12 @@ def test_moe_default_tile_m_and_int64_ids(rng, assert_close):
     assert pyquant.api.default_tile_m(1, 4, 128) == 16
     assert pyquant.api.default_tile_m(4096, 4, 32) == 64            # capped at the CPU's widest
     assert pyquant.api.default_tile_m(4096, 4, 32, widest=256) == 128  # 256 measured slower
-    assert pyquant.api.default_tile_m(1024, 4, 32, widest=256) == 128  # 128 rows per expert
-    assert pyquant.api.default_tile_m(512, 4, 32, widest=128) == 128   # 64 rows per expert
-    assert pyquant.api.default_tile_m(8, 4, 1, widest=256) == 32
+    assert pyquant.api.default_tile_m(1024, 4, 32, widest=256) == 64   # 128 rows per expert
+    assert pyquant.api.default_tile_m(512, 4, 32, widest=128) == 64    # 64 rows per expert
+    assert pyquant.api.default_tile_m(2560, 4, 32, widest=128) == 128  # 320 rows per expert
+    assert pyquant.api.default_tile_m(8, 4, 1, widest=256) == 64       # 32 rows per expert
+    assert pyquant.api.default_tile_m(6, 4, 1, widest=256) == 32       # 24 rows per expert
+    assert pyquant.api.default_tile_m(8, 4, 1, widest=64) == 32        # no grouped tier: 32 up to 32
 
 
 # ---------------------------------------------------------------- API surface
