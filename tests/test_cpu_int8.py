@@ -169,10 +169,10 @@ def test_q6_K_sums_at_their_bound(rng, int8_ctx, poisoned_output, assert_bitwise
         assert_bitwise_equal(gemm_guarded(x, w, F32, poisoned_output), want, f"q6_K at the bound m={m}")
 
 
-# Weight rows for tasks of several panels on the small-M path (int8_gemm.h panels_per_task:
-# about 8 tasks a thread, 16-row panels): 41 panels, the last of 8 rows (int4's zero points
-# are packed by 8 rows), give 5 panels a task on 1 thread (a partial last task), 2 on 2, 1
-# on 3 and 5.
+# Weight rows for ranges of several panels on the small-M path (int8_gemm.h PanelRanges: a
+# range of consecutive 16-row panels a thread, the others' tails taken from the back): 41
+# panels, the last of 8 rows (int4's zero points are packed by 8 rows), give ranges of 41,
+# 20-21, 13-14 and 8-9 panels on 1, 2, 3 and 5 threads.
 MANY_PANELS_N = 16 * 40 + 8
 
 

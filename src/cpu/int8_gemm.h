@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "cpu/cpu_isa.h"
@@ -38,20 +39,55 @@ inline bool use_int8(const qg_context* ctx) { return ctx == nullptr || ctx->cpu_
 // activations (not tuned: chosen to fit, like the fp32 path's TILE_K).
 constexpr int64_t INT8_TILE_K = 512;
 
-// Panels a parallel task takes, consecutive. The small-M kernel prefetches the rows of its
-// next pass, past a panel's end the next panel's: one panel a task (tasks handed out in
-// turn) left that prefetch to the other thread's panel, and every task began cold. Tasks of
-// consecutive panels, about ROWS_TASKS_PER_THREAD a thread so that the dynamic hand-out
-// still evens out a thread slowed by other load. 14336 x 4096, M = 1, 2 threads, cold, a
-// Xeon (bench/NOTES.md, "CPU int8 at M = 1 on a Xeon with AMX"), median ms, one panel a
-// task -> 16 -> 64: q4_0 2.11 -> 1.62 -> 1.58, q6_K 2.50 -> 1.94 -> 1.89, iq3_xxs 2.84 ->
-// 2.18 -> 2.15; all of a thread's panels in one task (448) as fast, but up to 2x slower
-// whenever other load stalled a thread. The panel kernels (M > rows_max_m()) keep one panel a task:
-// they decode into a panel first, and their M rows of work hide the rows' latency.
-constexpr int64_t ROWS_TASKS_PER_THREAD = 8;
-inline int64_t panels_per_task(bool small_m, int64_t n_panels, int threads) {
-    return small_m ? std::max<int64_t>(1, n_panels / ((int64_t)threads * ROWS_TASKS_PER_THREAD)) : 1;
-}
+// How the panels are shared out. The panel kernels (M > rows_max_m()): one panel a task,
+// handed out in turn (they decode into a panel first, and their M rows of work hide the
+// rows' latency). The small-M kernel prefetches the rows of its next passes, past a panel's
+// end the next panel's, so a thread wants consecutive panels: PanelRanges gives each thread
+// (task) a contiguous range, which it takes from the front one panel at a time, and then the
+// panels left at the back of the other ranges, so that a thread slowed by other load (or a
+// helper that came late) leaves the tail of its range to the others. A range's front (high
+// 32 bits) and back (low 32, exclusive) are one word, claimed by compare and swap.
+// Measured against the tasks of consecutive panels it replaces (about 8 a thread, handed
+// out in turn): 0.90-0.97 of the time cold at M = 1 on 2 threads, as fast as one fixed range
+// a thread (bench/NOTES.md, "CPU int8 at M = 1 on the AMX Xeon"); 8 tasks a thread had been
+// 1.3x faster than one panel a task on a Xeon, a fixed range a thread up to 2x slower when
+// other load stalled a thread.
+class PanelRanges {
+  public:
+    PanelRanges(int64_t n_panels, int ranges) : ranges_(ranges) {
+        for (int t = 0; t < ranges; ++t) {
+            const uint64_t f = (uint64_t)(n_panels * t / ranges), b = (uint64_t)(n_panels * (t + 1) / ranges);
+            ranges_[t].fb.store(f << 32 | b, std::memory_order_relaxed);
+        }
+    }
+    int count() const { return (int)ranges_.size(); }
+    // fn(panel) for every panel of range t that no other task took, then for those left
+    // at the back of the other ranges
+    template <class Fn>
+    void run(int t, Fn&& fn) {
+        const int n = count();
+        for (int64_t p; (p = claim(t, true)) >= 0;) fn(p);
+        for (int i = 1; i < n; ++i)
+            for (int64_t p; (p = claim((t + i) % n, false)) >= 0;) fn(p);
+    }
+
+  private:
+    struct alignas(64) Range {
+        std::atomic<uint64_t> fb{0};
+    };
+    // a panel of range r from its front (or back); -1 when none is left
+    int64_t claim(int r, bool front) {
+        std::atomic<uint64_t>& a = ranges_[r].fb;
+        uint64_t v = a.load(std::memory_order_relaxed);
+        for (;;) {
+            const uint64_t f = v >> 32, b = v & 0xffffffffu;
+            if (f >= b) return -1;
+            const uint64_t w = front ? ((f + 1) << 32 | b) : (f << 32 | (b - 1));
+            if (a.compare_exchange_weak(v, w, std::memory_order_relaxed)) return (int64_t)(front ? f : b - 1);
+        }
+    }
+    std::vector<Range> ranges_;
+};
 
 // Per-thread buffers of one panel.
 struct PanelScratch {
@@ -146,10 +182,12 @@ void int8_gemm(const qg_context* ctx, Int8Kind kind, int64_t M, int64_t N, int64
                     if (ok[r]) store(m0 + i, n0 + r, acc[i * PANEL_ROWS + r]);
             }
         };
-        const int64_t per_task = panels_per_task(small_m, n_panels, threads);
-        parallel_for((n_panels + per_task - 1) / per_task, threads, [&](int64_t task, int) {
-            for (int64_t t = task * per_task; t < std::min(n_panels, (task + 1) * per_task); ++t) panel(t);
-        });
+        if (small_m) {
+            PanelRanges ranges(n_panels, (int)std::min<int64_t>(threads, n_panels));
+            parallel_for(ranges.count(), threads, [&](int64_t task, int) { ranges.run((int)task, panel); });
+        } else {
+            parallel_for(n_panels, threads, [&](int64_t t, int) { panel(t); });
+        }
         // the fp32-exact path for rows of x holding NaN or inf: all of their outputs
         if (!act.all_finite) {
             for (int64_t i = 0; i < mb; ++i) {

@@ -48,6 +48,17 @@ namespace {
 // larger of the two (14336 x 4096, 2 threads: q8_0 2.5 -> 1.8 ms, q6_K 2.3 -> 1.7, q4_0
 // 1.5 -> 1.0-1.3). A Xeon measured prefetcht1 within its noise (session 37).
 QG_AVX2_INLINE void prefetch_row(const void* next, int64_t off) { _mm_prefetch((const char*)next + off, _MM_HINT_T1); }
+// A pass of at most this many bytes (8 rows on ymm) also prefetches the rows two passes on
+// (prefetch2, as prefetch: into L2), so that the rows a pass on are asked for twice, one
+// pass apart. On the AMX Xeon of session 48 (bench/NOTES.md, "CPU int8 at M = 1 on the AMX
+// Xeon"), cold M = 1 on 2 threads, K = 1280 (passes of 5.8-10.9 KB): q8_0 0.91-0.94 of the
+// time with one pass ahead, q4_0 0.86-0.88, q6_K 0.95, mxfp4 0.87-0.89, int4 0.90-0.92,
+// q4_K 0.96, iq4_xs 0.98; two passes ahead alone 0.96-1.0. Passes of 14-16 KB (K = 3584):
+// mxfp4 0.93, q4_0 0.95, int4 0.975, iq4_xs 0.98, q4_K 1.0; of 21-45 KB (q8_0 and q6_K at
+// K = 3584, K = 5376) 1.0-1.08: off there. A linear prefetch 16-64 KB ahead of the pass's
+// start instead (rows consecutive in memory) measured 1.0-1.24: the prefetches row by row
+// are what pays.
+constexpr int64_t AHEAD2_BYTES = 16384;
 
 // Rows r (low 128 bits) and r + 4 (high) of 16 bytes each.
 QG_AVX2_INLINE __m256i load2(const uint8_t* r, const uint8_t* r4) {
