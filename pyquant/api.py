@@ -530,22 +530,26 @@ def default_tile_m(num_tokens: int, top_k: int, num_experts: int, widest: int = 
     # Every expert's rows are padded up to a multiple of tile_m: with a few rows per
     # expert (decode) the smallest tile wastes least; with many, a taller tile reuses
     # each dequantized weight tile across more rows. widest >= 128: a GPU whose stages take
-    # the grouped wgmma tier (tile_m 64 and up there, choose_stage). Measured (bench/NOTES.md,
-    # session 48: H100, profile_moe.py, GPT-OSS-20b and 120b, the layer in a graph): 16 up to
-    # 16 rows an expert (the mma.sync tiles; the grouped 64 is 1.3-1.7x slower there), 32 up
-    # to 24 (about even at 24), the grouped 64 up to 256 rows (12-20 % faster than 32 at 32
-    # rows and than 128 at 64-128 rows, 4 % at 256), then 128 (even at 384, 3 % faster at
-    # 512). widest 64 (the CPU tier, GPUs without the grouped tier): 16 up to 16 rows, 32 up
-    # to 32, then 64.
+    # the grouped wgmma tier (tile_m 64 and up there, choose_stage); 256 where x is bf16 (the
+    # 256-token kernel folds the scales into bf16 weights). Measured (bench/NOTES.md, sessions
+    # 48 and 49: H100, profile_moe.py, GPT-OSS-20b and 120b, the layer in a graph): 16 up to 16
+    # rows an expert (the mma.sync tiles; the grouped 64 is 1.3-1.7x slower there), 32 up to 24
+    # (about even at 24), the grouped 64 up to 136 rows (12-20 % faster than 32 at 32 rows and
+    # than 128 at 64-128 rows; 5-8 % faster than 256 at 128 rows, even at 136), then 256 (3-4 %
+    # faster than 64 at 144 rows, 7-21 % from 152 to 384; the 128 tile is never the fastest
+    # where 256 is built). widest 128 (fp16 x): the grouped 64 up to 256 rows, then 128 (even at 384, 3 %
+    # faster at 512). widest 64 (the CPU tier, GPUs without the grouped tier): 16 up to 16
+    # rows, 32 up to 32, then 64.
     if widest < 128:
         for tile, most_rows in ((16, 16), (32, 32)):
             if rows_per_expert <= most_rows or tile >= widest:
                 return tile
         return 64
-    for tile, most_rows in ((16, 16), (32, 24), (64, 256)):
+    wide, most_64 = (256, 136) if widest >= 256 else (128, 256)
+    for tile, most_rows in ((16, 16), (32, 24), (64, most_64)):
         if rows_per_expert <= most_rows:
             return tile
-    return 128
+    return wide
 
 
 def _index_operand(a, name: str, dtype, kind: str, stream=None) -> DeviceView:
@@ -682,10 +686,10 @@ def moe(x, topk_ids, topk_weights, w13: MXFP4Weight, w2: MXFP4Weight,
     if yv is None:
         result = _result_array(numpy_result, tuple(lead) + (h,), y_np_dtype, c)
         yv, _ = _rows(result, "out", "H", allow_copy=False)
-    # GPU: the grouped wgmma tier's expert tiles (64 and 128 tokens, sm_90a) past 24 rows an
-    # expert; where the stages refuse 128 (no such tier on this device), the context
-    # remembers 64 and the call reruns
-    widest = getattr(c, "_moe_widest", 128 if c.is_gpu else 64)
+    # GPU: the grouped wgmma tier's expert tiles (64, 128 and, for bf16 x, 256 tokens, sm_90a)
+    # past 24 rows an expert; where the stages refuse a tile above 64 (no such tier on this
+    # device), the context remembers 64 and the call reruns
+    widest = getattr(c, "_moe_widest", (256 if x_dt == DType.QG_DTYPE_BF16 else 128) if c.is_gpu else 64)
     tm = int(tile_m) if tile_m is not None else default_tile_m(t, top_k, e, widest)
 
     max_sorted, max_tiles = ctypes.c_int64(), ctypes.c_int64()

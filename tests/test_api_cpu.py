@@ -398,8 +398,10 @@ def test_moe_default_tile_m_and_int64_ids(rng, assert_close):
     assert_close(y, ref, moe_bound(h, inter, BF16, BF16), "moe defaults")
     assert pyquant.api.default_tile_m(1, 4, 128) == 16
     assert pyquant.api.default_tile_m(4096, 4, 32) == 64            # capped at the CPU's widest
-    assert pyquant.api.default_tile_m(4096, 4, 32, widest=256) == 128  # 256 measured slower
+    assert pyquant.api.default_tile_m(4096, 4, 32, widest=256) == 256  # 512 rows per expert
+    assert pyquant.api.default_tile_m(1280, 4, 32, widest=256) == 256  # 160 rows per expert
     assert pyquant.api.default_tile_m(1024, 4, 32, widest=256) == 64   # 128 rows per expert
+    assert pyquant.api.default_tile_m(2048, 4, 32, widest=128) == 64   # 256 rows, no 256 tile (fp16 x)
     assert pyquant.api.default_tile_m(512, 4, 32, widest=128) == 64    # 64 rows per expert
     assert pyquant.api.default_tile_m(2560, 4, 32, widest=128) == 128  # 320 rows per expert
     assert pyquant.api.default_tile_m(8, 4, 1, widest=256) == 64       # 32 rows per expert

@@ -180,16 +180,16 @@ def test_gpu_moe_tiers_by_name_at_tile_64(rng, gpu_ctx, poisoned_output, assert_
 
 
 def test_gpu_moe_default_tile_falls_back_where_128_is_refused(rng, gpu_ctx, poisoned_output, assert_close):
-    """pyquant.moe without tile_m takes 128-token expert tiles on a GPU above 256 rows an expert
-    (default_tile_m); where the stages refuse 128 (here: the mma.sync tier forced by name, as
-    on a GPU without the grouped wgmma tier) the call reruns at 64, the context remembers it,
-    and the result is the reference's."""
+    """pyquant.moe without tile_m takes 256-token expert tiles for bf16 x on a GPU above 136 rows
+    an expert (default_tile_m); where the stages refuse it (here: the mma.sync tier forced by
+    name, as on a GPU without the grouped wgmma tier) the call reruns at 64, the context
+    remembers it, and the result is the reference's."""
     _need(gpu_ctx)
     name = next((t for t in tiers.tiers().get("moe", []) if t.endswith(":moe_mma")), None)
     if name is None:
         pytest.skip(f"no moe_mma tier in this build: {pyquant.build_info()}")
-    e, top_k, h, inter, t = 4, 2, 256, 128, 600  # 300 rows an expert: default tile 128
-    assert pyquant.api.default_tile_m(t, top_k, e, 128) == 128
+    e, top_k, h, inter, t = 4, 2, 256, 128, 600  # 300 rows an expert: default tile 256 (bf16 x)
+    assert pyquant.api.default_tile_m(t, top_k, e, 256) == 256
     x, ids, wts, w13, w2 = _layer(rng, t, e, top_k, h, inter, BF16)
     gpu_ctx.set_tier("moe", name)
     try:
