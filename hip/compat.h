@@ -16,6 +16,12 @@
 #define qg_device_trap() __builtin_trap()
 #define __shfl_sync_all(var, src_lane) __shfl((var), (src_lane))
 constexpr bool kGpuIsCuda = false;
+// Programmatic dependent launch is CUDA's (sm_90): HIP waits for the previous kernel as usual.
+__device__ __forceinline__ void qg_wait_prior_grid() {}
+inline hipError_t qg_launch_after_prior(const void* kernel, dim3 grid, dim3 block, void** args, size_t smem,
+                                        hipStream_t stream) {
+    return hipLaunchKernel(kernel, grid, block, args, smem, stream);
+}
 
 // Warp-level barrier between lanes' shared-memory stores and other lanes' loads (HIP 5.2
 // has no __syncwarp): a wavefront barrier between LDS fences.
@@ -54,6 +60,30 @@ __device__ __forceinline__ unsigned qg_atomic_load_acquire_gpu(const unsigned* p
 #define QG_GPU_RUNTIME_NAME "cuda"
 #define qg_device_trap() __trap()
 constexpr bool kGpuIsCuda = true;
+// Programmatic dependent launch (sm_90): a kernel launched by qg_launch_after_prior may start
+// while the stream's previous kernel is still finishing (its blocks placed, its prologue run),
+// and qg_wait_prior_grid blocks until that kernel has completed and its writes are visible.
+// A kernel so launched must wait before it touches memory the previous one writes; launched
+// plainly, the wait returns at once.
+__device__ __forceinline__ void qg_wait_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+inline cudaError_t qg_launch_after_prior(const void* kernel, dim3 grid, dim3 block, void** args, size_t smem,
+                                         cudaStream_t stream) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelExC(&cfg, kernel, args);
+}
 #define qg_sync_warp() __syncwarp()
 #define qg_fmul_rn(a, b) __fmul_rn((a), (b))   // nvcc never contracts these into an FMA
 #define qg_fsub_rn(a, b) __fsub_rn((a), (b))

@@ -52,6 +52,7 @@ __device__ __forceinline__ int pair_expert(const AlignParams& p, int i, int hi) 
 // keeps them in pair order inside each expert (what the CPU tier gives), then the tiles.
 __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(const AlignParams p) {
 #if defined(QG_HAS_MMA_SYNC)
+    qg_wait_prior_grid();  // launched after the previous kernel (moe_launch.cpp)
     extern __shared__ int align_smem[];
     const int E = p.experts, P = p.pairs;
     const int threads = blockDim.x, warps = threads >> 5;  // threads >= E, a multiple of 32
@@ -189,6 +190,7 @@ __global__ void __launch_bounds__(GEMM_THREADS * SL, SL == 1 ? 0 : SL == 2 ? 2 :
     bool in[2];
     in[0] = j < RBp;
     in[1] = STAGE == STAGE_GATE_UP ? in[0] : j + 1 < RBp;
+    qg_wait_prior_grid();  // launched after the previous kernel (moe_launch.cpp): nothing read before
     const int n_sorted = min(max(p.num_sorted[0], 0), p.max_tiles * p.tile_m);
     const int tiles = n_sorted / p.tile_m;
 
@@ -413,6 +415,7 @@ __global__ void __launch_bounds__(GATHER_THREADS) moe_gather(const GatherParams 
 // it clears or stores any, so that a thread keeps that many loads in flight (a thread per
 // element, each waiting for its routing entry, then its loads, ran at ~0.25 TB/s).
 __global__ void __launch_bounds__(ACT_THREADS) moe_act(const ActParams p) {
+    qg_wait_prior_grid();
     const int rows = min(max(p.num_sorted[0], 0), p.max_rows);
     const int r = blockIdx.x;
     if (r >= rows) return;
@@ -455,6 +458,7 @@ __global__ void __launch_bounds__(ACT_THREADS) moe_act(const ActParams p) {
 // workspace contract). Block (token, column range): each thread reads its column of every slot
 // and plane before it clears any (restrict: the loads are not held behind the stores).
 __global__ void __launch_bounds__(COMBINE_THREADS) moe_combine(const CombineParams p) {
+    qg_wait_prior_grid();
     const int64_t tok = blockIdx.x;
     if (tok >= p.tokens) return;
     const float* __restrict__ weights = p.topk_weights + tok * p.top_k;

@@ -67,13 +67,21 @@ inline qg_status raise_smem_limit(const qg_context* ctx, const void* kernel, int
 // hip/gguf_kernels.h) with its one parameter struct, and reports as gpu_check_launch does
 // after a <<<>>> launch (whose stub calls hipLaunchKernel too): a failed launch is this
 // thread's last error, named with `what`.
+// `after_prior`: a kernel that calls qg_wait_prior_grid before it reads what the stream's
+// previous kernel writes may be launched programmatically after it (hip/compat.h), on a
+// device that has it (sm_90) and unless QG_EXP_PDL=0.
+bool pdl_enabled(const qg_context* ctx);
 template <class P>
 qg_status launch(const void* kernel, dim3 grid, int threads, size_t smem, hipStream_t stream, const P& params,
-                 const char* what)
+                 const char* what, bool after_prior = false)
 {
     if (kernel == nullptr) return set_error(QG_ERR_INTERNAL, "%s: no kernel for this configuration", what);
     void* args[] = {const_cast<P*>(&params)};
-    (void)hipLaunchKernel(kernel, grid, dim3(threads), args, smem, stream);   // its error: gpu_check_launch's
+    // their errors: gpu_check_launch's
+    if (after_prior)
+        (void)qg_launch_after_prior(kernel, grid, dim3(threads), args, smem, stream);
+    else
+        (void)hipLaunchKernel(kernel, grid, dim3(threads), args, smem, stream);
     return gpu_check_launch(what);
 }
 

@@ -115,7 +115,8 @@ qg_status launch_gemm(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype
                  what, c.p.tile_m, static_cast<long long>(gx), static_cast<long long>(gy), c.splits, c.slices,
                  c.p.k_chunks, smem);
     return launch_util::launch(kernel, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), c.splits),
-                               moe::GEMM_THREADS * c.slices, smem, static_cast<hipStream_t>(stream), c.p, what);
+                               moe::GEMM_THREADS * c.slices, smem, static_cast<hipStream_t>(stream), c.p, what,
+                               launch_util::pdl_enabled(ctx));
 }
 
 // Split-K of the mma.sync tiles: K cut in parts of at least 4 chunks, each block's fp32 sums
@@ -197,7 +198,7 @@ qg_status align_launch(const qg_context* ctx, const qg_moe_align_args& a, qg_str
     qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, "moe_align");
     if (st != QG_OK) return st;
     return launch_util::launch(kernel, dim3(1), moe::align_threads(p.pairs, a.num_experts), smem,
-                               static_cast<hipStream_t>(stream), p, "moe_align");
+                               static_cast<hipStream_t>(stream), p, "moe_align", launch_util::pdl_enabled(ctx));
 }
 
 // ---------------------------------------------------------------- stage 1
@@ -216,8 +217,8 @@ bool stage1_usable(const qg_context* ctx, const qg_moe_stage1_args& a, const cha
 // act = the activation of stage 1's fp32 gate / up rows h (the sum of `splits` planes of
 // `plane` floats, rows [P, 2 Ip]) plus the bias, for every sorted slot in use (moe_act), which
 // clears them.
-qg_status activation(const qg_moe_stage1_args& a, const GemmCall& c, float* h, int64_t plane, int splits,
-                     int64_t max_sorted, qg_stream stream) {
+qg_status activation(const qg_context* ctx, const qg_moe_stage1_args& a, const GemmCall& c, float* h, int64_t plane,
+                     int splits, int64_t max_sorted, qg_stream stream) {
     moe::ActParams q{};
     q.h = h;
     q.plane = plane;
@@ -241,7 +242,8 @@ qg_status activation(const qg_moe_stage1_args& a, const GemmCall& c, float* h, i
     q.act_type = elem_type(a.x_dtype);
     return launch_util::launch(reinterpret_cast<const void*>(&moe::moe_act),
                                dim3(static_cast<unsigned>(max_sorted)),
-                               moe::ACT_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe stage1 activation");
+                               moe::ACT_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe stage1 activation",
+                               launch_util::pdl_enabled(ctx));
 }
 
 GemmCall stage1_call(const qg_context* ctx, const qg_moe_stage1_args& a) {
@@ -274,14 +276,15 @@ qg_status stage1_launch(const qg_context* ctx, const qg_moe_stage1_args& a, qg_s
     if (st != QG_OK || c.splits == 1) return st;
     int64_t max_sorted = 0, max_tiles = 0;
     moe_align_sizes(a.num_tokens, a.top_k, a.num_experts, a.tile_m, &max_sorted, &max_tiles);
-    return activation(a, c, c.p.part, c.p.plane, c.splits, max_sorted, stream);
+    return activation(ctx, a, c, c.p.part, c.p.plane, c.splits, max_sorted, stream);
 }
 
 // ---------------------------------------------------------------- stage 2
 
 // y = the top-k sum of the fp32 pair rows `out` (moe_combine: the sum of `splits` planes of
 // `plane` floats), which clears them.
-qg_status combine(const qg_moe_stage2_args& a, float* out, int64_t plane, int splits, qg_stream stream) {
+qg_status combine(const qg_context* ctx, const qg_moe_stage2_args& a, float* out, int64_t plane, int splits,
+                  qg_stream stream) {
     moe::CombineParams q{};
     q.out = out;
     q.plane = plane;
@@ -295,7 +298,8 @@ qg_status combine(const qg_moe_stage2_args& a, float* out, int64_t plane, int sp
     q.y_type = elem_type(a.y_dtype);
     const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(std::min<int64_t>(ceil_div(a.hidden, moe::COMBINE_THREADS), kMaxGridY)));
     return launch_util::launch(reinterpret_cast<const void*>(&moe::moe_combine), grid,
-                               moe::COMBINE_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe combine");
+                               moe::COMBINE_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe combine",
+                               launch_util::pdl_enabled(ctx));
 }
 
 GemmCall stage2_call(const qg_context* ctx, const qg_moe_stage2_args& a) {
@@ -322,7 +326,7 @@ qg_status stage2_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_s
     c.p.out = static_cast<float*>(a.workspace);
     qg_status st = launch_gemm(ctx, c, a.act_dtype, stream, "moe stage2");
     if (st != QG_OK) return st;
-    return combine(a, c.p.out, c.p.plane, c.splits, stream);
+    return combine(ctx, a, c.p.out, c.p.plane, c.splits, stream);
 }
 
 
@@ -488,7 +492,7 @@ qg_status stage1_grouped_launch(const qg_context* ctx, const qg_moe_stage1_args&
         float* h = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + ws.gathered);
         st = launch_grouped(ctx, c, a.x_dtype, gathered, max_sorted, 2, static_cast<int>(a.intermediate), h, ld_h,
                             BiasRef{nullptr, ELEM_F32}, 0, nullptr, stream, "moe stage1");
-        if (st == QG_OK) st = activation(a, c, h, 0, 1, max_sorted, stream);
+        if (st == QG_OK) st = activation(ctx, a, c, h, 0, 1, max_sorted, stream);
     }
     if (st != QG_OK) return st;
     return gpu_memset(ctx, gathered, 0, ws.gathered, stream);
@@ -519,7 +523,7 @@ qg_status stage2_grouped_launch(const qg_context* ctx, const qg_moe_stage2_args&
                             c.p.bias, a.hidden, nullptr, stream, "moe stage2");
     if (st == QG_OK) st = gpu_memset(ctx, gathered, 0, ws.gathered, stream);
     if (st != QG_OK) return st;
-    return combine(a, out, 0, 1, stream);
+    return combine(ctx, a, out, 0, 1, stream);
 #else
     (void)ctx, (void)a, (void)stream;
     return set_error(QG_ERR_INTERNAL, "unreachable: grouped prefill without tensor maps");

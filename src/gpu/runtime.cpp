@@ -5,6 +5,7 @@
 // Status mapping: an allocation failure is QG_ERR_OUT_OF_MEMORY, every other runtime
 // error QG_ERR_DEVICE, both with the runtime's own text in qg_last_error().
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <mutex>
@@ -226,6 +227,14 @@ qg_status prepare_kernel(const qg_context* ctx, const void* kernel, int smem, co
     }
     if (f != nullptr) f->raised = true;
     return QG_OK;
+}
+
+bool pdl_enabled(const qg_context* ctx) {
+    static const bool on = [] {
+        const char* v = getenv("QG_EXP_PDL");
+        return v == nullptr || atoi(v) != 0;
+    }();
+    return kGpuIsCuda && on && ctx->cc_major >= 9;
 }
 
 int resident_blocks(const qg_context* ctx, const void* kernel, int threads, int smem) {
