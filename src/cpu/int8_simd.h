@@ -70,6 +70,7 @@ struct Simd<256> {
     QG_AVX2_INLINE static __m256i sub32(__m256i a, __m256i b) { return _mm256_sub_epi32(a, b); }
     QG_AVX2_INLINE static __m256i mullo32(__m256i a, __m256i b) { return _mm256_mullo_epi32(a, b); }
     QG_AVX2_INLINE static __m256i madd16(__m256i a, __m256i b) { return _mm256_madd_epi16(a, b); }
+    QG_AVX2_INLINE static __m256i packs32(__m256i a, __m256i b) { return _mm256_packs_epi32(a, b); }
     QG_AVX2_INLINE static __m256i unpacklo32(__m256i a, __m256i b) { return _mm256_unpacklo_epi32(a, b); }
     QG_AVX2_INLINE static __m256i unpackhi32(__m256i a, __m256i b) { return _mm256_unpackhi_epi32(a, b); }
     QG_AVX2_INLINE static __m256i unpacklo64(__m256i a, __m256i b) { return _mm256_unpacklo_epi64(a, b); }
@@ -133,6 +134,7 @@ struct Simd<512> {
     QG_AVX512_INLINE static __m512i sub32(__m512i a, __m512i b) { return _mm512_sub_epi32(a, b); }
     QG_AVX512_INLINE static __m512i mullo32(__m512i a, __m512i b) { return _mm512_mullo_epi32(a, b); }
     QG_AVX512_INLINE static __m512i madd16(__m512i a, __m512i b) { return _mm512_madd_epi16(a, b); }
+    QG_AVX512_INLINE static __m512i packs32(__m512i a, __m512i b) { return _mm512_packs_epi32(a, b); }
     QG_AVX512_INLINE static __m512i unpacklo32(__m512i a, __m512i b) { return _mm512_unpacklo_epi32(a, b); }
     QG_AVX512_INLINE static __m512i unpackhi32(__m512i a, __m512i b) { return _mm512_unpackhi_epi32(a, b); }
     QG_AVX512_INLINE static __m512i unpacklo64(__m512i a, __m512i b) { return _mm512_unpacklo_epi64(a, b); }
