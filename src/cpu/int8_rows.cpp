@@ -89,13 +89,14 @@ QG_AVX2_INLINE void transpose8(const __m256* in, __m256* out) {
     }
 }
 
-// The fp16 at byte offset `off` of format block fb of rows r0 .. r0 + 7, as 8 floats (F16C converts
+// The 16 bits at byte offset `off` of format block fb of rows r0 .. r0 + 7 (u16_rows), and
+// those of an fp16 as 8 floats (f16_rows; F16C converts
 // exactly, as f16_to_f32 does; a NaN's bits may differ, but a NaN scale sends its row to
 // the fp32-exact path). Packed in general registers (the empty asm keeps GCC from turning
 // it into vector inserts): the shuffle pipes are the busiest ones in this kernel, and 8
 // vpinsrw cost 10 % of an M = 1 GEMM.
 template <class F>
-QG_AVX2_INLINE __m256 f16_rows(const F& f, int r0, int64_t fb, int off) {
+QG_AVX2_INLINE __m128i u16_rows(const F& f, int r0, int64_t fb, int off) {
     uint64_t h[2];
     for (int q = 0; q < 2; ++q) {
         uint64_t v = 0;
@@ -103,7 +104,11 @@ QG_AVX2_INLINE __m256 f16_rows(const F& f, int r0, int64_t fb, int off) {
         __asm__("" : "+r"(v));
         h[q] = v;
     }
-    return _mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0]));
+    return _mm_set_epi64x((long long)h[1], (long long)h[0]);
+}
+template <class F>
+QG_AVX2_INLINE __m256 f16_rows(const F& f, int r0, int64_t fb, int off) {
+    return _mm256_cvtph_ps(u16_rows(f, r0, fb, off));
 }
 
 // iq3_xxs's sign bits to byte masks (GgufRows<block_iq3_xxs>::codes): byte e of a lane

@@ -36,6 +36,15 @@ struct Simd<256> {
     QG_AVX2_INLINE static __m256i bcast16(const void* p) {
         return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)p));
     }
+    // every lane = elements 0, 2, .., 30 of the 32 bytes at p (e), 1, 3, .., 31 (o): each
+    // half's evens, then odds (vpshufb), and the halves' evens (odds) joined (vpermq)
+    QG_AVX2_INLINE static void bcast_even_odd(const void* p, __m256i& e, __m256i& o) {
+        const __m256i idx = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8,
+                                             10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        const __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i*)p), idx);
+        e = _mm256_permute4x64_epi64(v, 0x88);  // qwords 0, 2, 0, 2
+        o = _mm256_permute4x64_epi64(v, 0xdd);  // 1, 3, 1, 3
+    }
     // lane L = the four words w[4 L .. 4 L + 3]
     QG_AVX2_INLINE static __m256i words(const int32_t* w) {
         return _mm256_setr_epi32(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]);
@@ -70,6 +79,7 @@ struct Simd<256> {
     QG_AVX2_INLINE static __m256i sub32(__m256i a, __m256i b) { return _mm256_sub_epi32(a, b); }
     QG_AVX2_INLINE static __m256i mullo32(__m256i a, __m256i b) { return _mm256_mullo_epi32(a, b); }
     QG_AVX2_INLINE static __m256i madd16(__m256i a, __m256i b) { return _mm256_madd_epi16(a, b); }
+    QG_AVX2_INLINE static __m256i packs32(__m256i a, __m256i b) { return _mm256_packs_epi32(a, b); }
     QG_AVX2_INLINE static __m256i unpacklo32(__m256i a, __m256i b) { return _mm256_unpacklo_epi32(a, b); }
     QG_AVX2_INLINE static __m256i unpackhi32(__m256i a, __m256i b) { return _mm256_unpackhi_epi32(a, b); }
     QG_AVX2_INLINE static __m256i unpacklo64(__m256i a, __m256i b) { return _mm256_unpacklo_epi64(a, b); }
@@ -104,6 +114,12 @@ struct Simd<512> {
     QG_AVX512_INLINE static __m512i bcast16(const void* p) {
         return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)p));
     }
+    QG_AVX512_INLINE static void bcast_even_odd(const void* p, __m512i& e, __m512i& o) {
+        __m256i e2, o2;
+        Simd<256>::bcast_even_odd(p, e2, o2);
+        e = _mm512_broadcast_i64x4(e2);
+        o = _mm512_broadcast_i64x4(o2);
+    }
     QG_AVX512_INLINE static __m512i words(const int32_t* w) {
         return _mm512_setr_epi32(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], w[10], w[11], w[12],
                                  w[13], w[14], w[15]);
@@ -133,6 +149,7 @@ struct Simd<512> {
     QG_AVX512_INLINE static __m512i sub32(__m512i a, __m512i b) { return _mm512_sub_epi32(a, b); }
     QG_AVX512_INLINE static __m512i mullo32(__m512i a, __m512i b) { return _mm512_mullo_epi32(a, b); }
     QG_AVX512_INLINE static __m512i madd16(__m512i a, __m512i b) { return _mm512_madd_epi16(a, b); }
+    QG_AVX512_INLINE static __m512i packs32(__m512i a, __m512i b) { return _mm512_packs_epi32(a, b); }
     QG_AVX512_INLINE static __m512i unpacklo32(__m512i a, __m512i b) { return _mm512_unpacklo_epi32(a, b); }
     QG_AVX512_INLINE static __m512i unpackhi32(__m512i a, __m512i b) { return _mm512_unpackhi_epi32(a, b); }
     QG_AVX512_INLINE static __m512i unpacklo64(__m512i a, __m512i b) { return _mm512_unpacklo_epi64(a, b); }

@@ -99,11 +99,15 @@ int main(int argc, char** argv) {
             fwrite(y.data(), sizeof(float), y.size(), f);
         }
     }
-    {  // int4: N rounded up to the 8 rows of a zero-point word, G = 64, fp16 scales
-        const int64_t n = 40, G = 64;
+    // int4: N rounded up to the 8 rows of a zero-point word, G = 64, fp16 scales; then
+    // symmetric (no qzeros), N = 56 (a last panel of 8 rows), G = 32, bf16 scales
+    for (int v = 0; v < 2; ++v) {
+        const bool sym = v == 1;
+        const int64_t n = sym ? 56 : 40, G = sym ? 32 : 64;
         std::vector<uint8_t> qw = bytes((size_t)(n * K / 2), g), qz = bytes((size_t)(n / 8 * K / G * 4), g);
         std::vector<uint16_t> sc((size_t)(n * K / G));
-        for (auto& s : sc) s = (uint16_t)(0x2000u + g() % 0x400u);
+        // fp16 2^-7 .. 2^-6 (exponent 8); bf16 2^-7 .. 2^-6 (exponent 120)
+        for (auto& s : sc) s = sym ? (uint16_t)(0x3c00u + g() % 0x80u) : (uint16_t)(0x2000u + g() % 0x400u);
         for (int64_t m : MS) {
             std::vector<uint16_t> x = activations(m, g);
             y.assign((size_t)(m * n), 0.0f);
@@ -111,10 +115,10 @@ int main(int argc, char** argv) {
             memset(&a, 0, sizeof a);
             a.size = sizeof a;
             a.m = m, a.n = n, a.k = K, a.group_size = (int)G;
-            a.x_dtype = QG_DTYPE_F16, a.y_dtype = QG_DTYPE_F32, a.scale_dtype = QG_DTYPE_F16;
+            a.x_dtype = QG_DTYPE_F16, a.y_dtype = QG_DTYPE_F32, a.scale_dtype = sym ? QG_DTYPE_BF16 : QG_DTYPE_F16;
             a.zero_dtype = QG_DTYPE_U4X8;
             a.x = x.data(), a.ldx = K, a.qweight = (const int32_t*)qw.data(), a.scales = sc.data();
-            a.qzeros = (const int32_t*)qz.data(), a.y = y.data(), a.ldy = n;
+            a.qzeros = sym ? nullptr : (const int32_t*)qz.data(), a.y = y.data(), a.ldy = n;
             ok = ok && check(qg_w4a16_gemm(ctx, &a, nullptr));
             fwrite(y.data(), sizeof(float), y.size(), f);
         }
