@@ -78,6 +78,17 @@ def cpu_copy_bandwidth(nbytes: int = CPU_COPY_BYTES, reps: int = COPY_REPS) -> f
     return 2 * src.nbytes / statistics.median(times)
 
 
+# OpenBLAS's worker threads spin for a while after a numpy matmul before they sleep (~70 ms on
+# a 2-vCPU VM, bench/NOTES.md session 49): a CPU-tier case timed right after one shared the
+# cores with them and ran 2-4x slow. What runs numpy's matmul on the CPU backend (this
+# ceiling, the numpy peer) waits them out before the next timing.
+BLAS_SETTLE_S = 0.2
+
+
+def settle_blas() -> None:
+    time.sleep(BLAS_SETTLE_S)
+
+
 def cpu_flop_peak(n: int = CPU_MATMUL_N, reps: int = MATMUL_REPS) -> float:
     rng = np.random.default_rng()
     a = rng.standard_normal((n, n), dtype=np.float32)
@@ -88,6 +99,7 @@ def cpu_flop_peak(n: int = CPU_MATMUL_N, reps: int = MATMUL_REPS) -> float:
         t0 = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t0)
+    settle_blas()
     return 2 * n ** 3 / statistics.median(times)
 
 

@@ -296,7 +296,10 @@ class LibraryRunner:
         if self._peers is None:
             return {}
         try:
-            return self._peers(case)
+            out = self._peers(case)
+            if not self.gpu:
+                R.settle_blas()  # numpy's matmul threads off the cores before our next case
+            return out
         except Exception as e:  # a peer is never required: report once and go on
             if not self._peer_warned:
                 print(f"bench: warning: peer failed on {case.label}: {type(e).__name__}: {e}",
