@@ -63,14 +63,17 @@ inline qg_status raise_smem_limit(const qg_context* ctx, const void* kernel, int
     return QG_OK;
 }
 
+// Whether a launch may be programmatic after the previous kernel (launch's `after_prior`): on
+// a device that has it (sm_90) and unless QG_EXP_PDL=0 (read once a process).
+bool pdl_enabled(const qg_context* ctx);
+
 // Launches `kernel` (a lookup function's answer: the address of a kernel's host stub,
 // hip/gguf_kernels.h) with its one parameter struct, and reports as gpu_check_launch does
 // after a <<<>>> launch (whose stub calls hipLaunchKernel too): a failed launch is this
 // thread's last error, named with `what`.
-// `after_prior`: a kernel that calls qg_wait_prior_grid before it reads what the stream's
-// previous kernel writes may be launched programmatically after it (hip/compat.h), on a
-// device that has it (sm_90) and unless QG_EXP_PDL=0.
-bool pdl_enabled(const qg_context* ctx);
+// `after_prior`: the kernel calls qg_wait_prior_grid before it reads what the stream's previous
+// kernel writes, so it may be launched programmatically after it (hip/compat.h); callers pass
+// pdl_enabled(ctx).
 template <class P>
 qg_status launch(const void* kernel, dim3 grid, int threads, size_t smem, hipStream_t stream, const P& params,
                  const char* what, bool after_prior = false)
