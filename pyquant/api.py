@@ -537,9 +537,9 @@ def default_tile_m(num_tokens: int, top_k: int, num_experts: int, widest: int = 
     # (about even at 24), the grouped 64 up to 136 rows (12-20 % faster than 32 at 32 rows and
     # than 128 at 64-128 rows; 5-8 % faster than 256 at 128 rows, even at 136), then 256 (3-4 %
     # faster than 64 at 144 rows, 7-21 % from 152 to 384; the 128 tile is never the fastest
-    # where 256 is built). widest 128 (fp16 x): the grouped 64 up to 256 rows, then 128 (even at 384, 3 %
-    # faster at 512). widest 64 (the CPU tier, GPUs without the grouped tier): 16 up to 16
-    # rows, 32 up to 32, then 64.
+    # where 256 is built). widest 128 (fp16 x): the grouped 64 up to 256 rows, then 128 (even
+    # at 384, 3 % faster at 512). widest 64 (the CPU tier, GPUs without the grouped tier): 16
+    # up to 16 rows, 32 up to 32, then 64.
     if widest < 128:
         for tile, most_rows in ((16, 16), (32, 32)):
             if rows_per_expert <= most_rows or tile >= widest:

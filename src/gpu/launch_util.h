@@ -63,17 +63,15 @@ inline qg_status raise_smem_limit(const qg_context* ctx, const void* kernel, int
     return QG_OK;
 }
 
-// Whether a launch may be programmatic after the previous kernel (launch's `after_prior`): on
-// a device that has it (sm_90) and unless QG_EXP_PDL=0 (read once a process).
+// Whether a launch may be programmatic after the previous kernel (launch_after_prior): on a
+// device that has it (sm_90) and unless QG_EXP_PDL=0 (read once a process).
 bool pdl_enabled(const qg_context* ctx);
 
 // Launches `kernel` (a lookup function's answer: the address of a kernel's host stub,
 // hip/gguf_kernels.h) with its one parameter struct, and reports as gpu_check_launch does
 // after a <<<>>> launch (whose stub calls hipLaunchKernel too): a failed launch is this
 // thread's last error, named with `what`.
-// `after_prior`: the kernel calls qg_wait_prior_grid before it reads what the stream's previous
-// kernel writes, so it may be launched programmatically after it (hip/compat.h); callers pass
-// pdl_enabled(ctx).
+// `after_prior`: launched programmatically after the stream's previous kernel (hip/compat.h).
 template <class P>
 qg_status launch(const void* kernel, dim3 grid, int threads, size_t smem, hipStream_t stream, const P& params,
                  const char* what, bool after_prior = false)
@@ -86,6 +84,15 @@ qg_status launch(const void* kernel, dim3 grid, int threads, size_t smem, hipStr
     else
         (void)hipLaunchKernel(kernel, grid, dim3(threads), args, smem, stream);
     return gpu_check_launch(what);
+}
+
+// launch, for a kernel that calls qg_wait_prior_grid before it reads anything the stream's
+// previous kernel may write: programmatically after that kernel where ctx's device allows.
+template <class P>
+qg_status launch_after_prior(const qg_context* ctx, const void* kernel, dim3 grid, int threads, size_t smem,
+                             hipStream_t stream, const P& params, const char* what)
+{
+    return launch(kernel, grid, threads, smem, stream, params, what, pdl_enabled(ctx));
 }
 
 #if defined(QG_HAVE_TENSOR_MAPS)

@@ -114,9 +114,10 @@ qg_status launch_gemm(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype
         log_once("%s: tile_m=%d grid=%lldx%lldx%d (row tiles x expert tiles x k splits) slices=%d chunks=%d smem=%d",
                  what, c.p.tile_m, static_cast<long long>(gx), static_cast<long long>(gy), c.splits, c.slices,
                  c.p.k_chunks, smem);
-    return launch_util::launch(kernel, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), c.splits),
-                               moe::GEMM_THREADS * c.slices, smem, static_cast<hipStream_t>(stream), c.p, what,
-                               launch_util::pdl_enabled(ctx));
+    return launch_util::launch_after_prior(ctx, kernel,
+                                           dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), c.splits),
+                                           moe::GEMM_THREADS * c.slices, smem, static_cast<hipStream_t>(stream), c.p,
+                                           what);
 }
 
 // Split-K of the mma.sync tiles: K cut in parts of at least 4 chunks, each block's fp32 sums
@@ -197,8 +198,8 @@ qg_status align_launch(const qg_context* ctx, const qg_moe_align_args& a, qg_str
     const int smem = moe::align_smem_bytes(a.num_experts);
     qg_status st = launch_util::prepare_kernel(ctx, kernel, smem, "moe_align");
     if (st != QG_OK) return st;
-    return launch_util::launch(kernel, dim3(1), moe::align_threads(p.pairs, a.num_experts), smem,
-                               static_cast<hipStream_t>(stream), p, "moe_align", launch_util::pdl_enabled(ctx));
+    return launch_util::launch_after_prior(ctx, kernel, dim3(1), moe::align_threads(p.pairs, a.num_experts), smem,
+                                           static_cast<hipStream_t>(stream), p, "moe_align");
 }
 
 // ---------------------------------------------------------------- stage 1
@@ -240,10 +241,9 @@ qg_status activation(const qg_context* ctx, const qg_moe_stage1_args& a, const G
     q.limit = a.swiglu_limit;
     q.act = a.act;
     q.act_type = elem_type(a.x_dtype);
-    return launch_util::launch(reinterpret_cast<const void*>(&moe::moe_act),
-                               dim3(static_cast<unsigned>(max_sorted)),
-                               moe::ACT_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe stage1 activation",
-                               launch_util::pdl_enabled(ctx));
+    return launch_util::launch_after_prior(ctx, reinterpret_cast<const void*>(&moe::moe_act),
+                                           dim3(static_cast<unsigned>(max_sorted)), moe::ACT_THREADS, 0,
+                                           static_cast<hipStream_t>(stream), q, "moe stage1 activation");
 }
 
 GemmCall stage1_call(const qg_context* ctx, const qg_moe_stage1_args& a) {
@@ -297,9 +297,9 @@ qg_status combine(const qg_context* ctx, const qg_moe_stage2_args& a, float* out
     q.hidden = static_cast<int>(a.hidden);
     q.y_type = elem_type(a.y_dtype);
     const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(std::min<int64_t>(ceil_div(a.hidden, moe::COMBINE_THREADS), kMaxGridY)));
-    return launch_util::launch(reinterpret_cast<const void*>(&moe::moe_combine), grid,
-                               moe::COMBINE_THREADS, 0, static_cast<hipStream_t>(stream), q, "moe combine",
-                               launch_util::pdl_enabled(ctx));
+    return launch_util::launch_after_prior(ctx, reinterpret_cast<const void*>(&moe::moe_combine), grid,
+                                           moe::COMBINE_THREADS, 0, static_cast<hipStream_t>(stream), q,
+                                           "moe combine");
 }
 
 GemmCall stage2_call(const qg_context* ctx, const qg_moe_stage2_args& a) {
