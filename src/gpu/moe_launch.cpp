@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "formats/w4a16_frag.h"
 #include "frag_launch.h"
@@ -123,18 +124,54 @@ qg_status launch_gemm(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype
 // Split-K of the mma.sync tiles: K cut in parts of at least 4 chunks, each block's fp32 sums
 // into its plane of the workspace, added in split order by the stage's last kernel (moe_act,
 // moe_combine), so the result does not depend on which block finishes first. The split_k
-// option sets the parts of both stages. Without it, stage 2 splits where its blocks in use
-// cannot fill the SMs: GPT-OSS at T = 1 has 23 row tiles x 4 expert tiles = 92 blocks of 4
-// warps for 132 SMs, and 4 parts measured stage 2 24.5 -> 17.4 us on the H200 (2 parts 19.9;
-// bench/NOTES.md, "Prefill: the last partial wave as stream-K" and session 43). Stage 1 does
-// not: the same split made it slower (25 -> 35 us), its fp32 gate / up planes and moe_act
-// costing more than the warps gained.
-int mma_splits(const qg_context* ctx, const GemmCall& c) {
+// option sets the parts of both stages; QG_EXP_MOE_SPLIT2 those of stage 2 alone (the A/B of
+// the rule below). Stage 1 does not split: the same split made it slower (25 -> 35 us at
+// GPT-OSS T = 1), its fp32 gate / up planes and moe_act costing more than the warps gained.
+// Stage 2's blocks, each one expert tile of 128 rows over all of K, stream their weights at
+// what their loads in flight allow, so the stage runs in waves of the blocks an SM holds
+// (slots), and its parts follow from the blocks in use, estimated for the experts a routing
+// hits (stage2_blocks):
+//   - fewer blocks than SMs (GPT-OSS at T = 1: 23 row tiles x 4 expert tiles = 92 for 132
+//     SMs): 4 parts (on the H200 24.5 -> 17.4 us; 2 parts 19.9: bench/NOTES.md, session 43);
+//   - below half a wave (T = 2: ~180 blocks of 528 slots): 2, more warps on the same bytes;
+//   - more than one wave and at most one and a half (GPT-OSS-120b T = 8, 20b T = 16 .. 64): 2,
+//     so that the last wave is not a few blocks alone (fewer parts make it so);
+//   - else (one wave at most, or the waves already many) none.
+// Measured on the H100 with each part count forced (bench/NOTES.md, session 50): the rule's
+// choice was the fastest or within 1 % of it at every T from 1 to 512 (120b) and 160 (20b).
+int forced_down_splits() {
+    static const int n = [] {
+        const char* v = getenv("QG_EXP_MOE_SPLIT2");
+        const int k = v != nullptr ? atoi(v) : 0;
+        return k >= 1 && k <= 16 ? k : 0;
+    }();
+    return n;
+}
+
+// Stage 2's blocks in use for a routing that spreads the P pairs uniformly over the E experts:
+// the experts hit, E (1 - (1 - 1 / E)^P), each ~max(1, rows / tile_m + 1/2) tiles (an expert of
+// mean tile_m rows spills into a second tile about half the time), at most the tiles bound.
+int64_t stage2_blocks(const GemmCall& c) {
+    const double e = std::max(c.p.experts, 1), pairs = c.p.pairs;
+    const double hit = std::max(1.0, e * (1.0 - std::pow(1.0 - 1.0 / e, pairs)));
+    const double tiles = std::min(static_cast<double>(std::max<int64_t>(1, c.tiles_bound)),
+                                  hit * std::max(1.0, pairs / hit / c.p.tile_m + 0.5));
+    return static_cast<int64_t>(std::ceil(tiles)) * row_tiles(c);
+}
+
+int mma_splits(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype) {
     const int64_t most = std::max<int64_t>(1, c.p.k_chunks / kSplitMinChunks);
     if (ctx->split_k > 0) return static_cast<int>(std::min<int64_t>(ctx->split_k, most));
     if (c.stage != moe::STAGE_DOWN) return 1;
+    if (forced_down_splits() > 0) return static_cast<int>(std::min<int64_t>(forced_down_splits(), most));
     const int64_t sms = std::max(ctx->sm_count, 1);
-    return blocks_in_use(c) >= sms ? 1 : static_cast<int>(std::min(kMaxAutoSplits, most));
+    if (blocks_in_use(c) < sms) return static_cast<int>(std::min(kMaxAutoSplits, most));
+    const void* kernel = moe::gemm_kernel(elem_type(x_dtype), c.mt, c.stage, 1);
+    const int64_t slots =
+        sms * std::max(1, launch_util::resident_blocks(ctx, kernel, moe::GEMM_THREADS, moe::gemm_smem_bytes(c.mt, 1)));
+    const int64_t blocks = stage2_blocks(c);
+    const bool few = 2 * blocks < slots, ragged = blocks > slots && 2 * blocks <= 3 * slots;
+    return few || ragged ? static_cast<int>(std::min<int64_t>(2, most)) : 1;
 }
 
 // QG_EXP_MOE_SLICES=1 / 2 / 4 sets the slices of both stages' tile_m = 16 launches (the A/B of
@@ -256,7 +293,7 @@ GemmCall stage1_call(const qg_context* ctx, const qg_moe_stage1_args& a) {
     c.p.activation = a.activation;
     c.p.alpha = a.swiglu_alpha;
     c.p.limit = a.swiglu_limit;
-    c.splits = mma_splits(ctx, c);
+    c.splits = mma_splits(ctx, c, a.x_dtype);
     c.slices = mma_slices(ctx, c, a.x_dtype);
     c.p.part_rows = static_cast<int>(padded_rows(a.intermediate));
     c.p.ld_part = 2 * c.p.part_rows;
@@ -306,7 +343,7 @@ GemmCall stage2_call(const qg_context* ctx, const qg_moe_stage2_args& a) {
     GemmCall c = gemm_call(moe::STAGE_DOWN, a.num_tokens, a.top_k, a.num_experts, a.tile_m, a.hidden,
                            a.intermediate, a.act, a.intermediate, a.sorted_ids, a.tile_experts,
                            a.num_sorted, a.w2_blocks, a.w2_scales, a.w2_bias, a.bias_dtype);
-    c.splits = mma_splits(ctx, c);
+    c.splits = mma_splits(ctx, c, a.act_dtype);
     c.slices = mma_slices(ctx, c, a.act_dtype);
     c.p.plane = static_cast<int64_t>(c.p.pairs) * a.hidden;
     return c;
