@@ -138,7 +138,7 @@ qg_status launch_gemm(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype
 //     so that the last wave is not a few blocks alone (fewer parts make it so);
 //   - else (one wave at most, or the waves already many) none.
 // Measured on the H100 with each part count forced (bench/NOTES.md, session 50): the rule's
-// choice was the fastest or within 1 % of it at every T from 1 to 512 (120b) and 160 (20b).
+// choice was the fastest or within 1.5 % of it at every T from 1 to 512 (120b) and 160 (20b).
 int forced_down_splits() {
     static const int n = [] {
         const char* v = getenv("QG_EXP_MOE_SPLIT2");
