@@ -1,16 +1,16 @@
 // The panel kernel on AMX-INT8 tiles (int8_kernels.h; panel_dot sends here when
 // cpu::int8_isa() is AMX and M >= AMX_MIN_M). A panel block is exactly an AMX B tile: 8
-// rows (k4 groups) of 64 bytes (16 weight rows x 4 codes). Per block and 32 activation
-// rows: two A tiles (16 rows x the block's 32 codes each), one B tile, two C tiles of
-// int32 block sums D (tdpbssd for signed codes, tdpbsud for the unsigned ones, minus
-// offset * S), stored and then scaled with AVX-512 in the arithmetic of int8_kernels.h:
-// exact D, the same float32 steps, so the same bits as every other level. q6_K (an
-// integer scale per 16-element half of a block) takes each half apart: tiles of K = 16
-// (dot_amx_sub), its two exact half sums times their scales, exactly, as on AVX-512 VNNI.
+// rows (k4 groups) of 64 bytes (16 weight rows x 4 codes). Per block and 16 activation
+// rows: one A tile (16 rows x the block's 32 codes), one B tile, one C tile of int32
+// block sums D (tdpbssd: unsigned codes are made signed first, so D needs no offset * S),
+// stored and then scaled with AVX-512 in the arithmetic of int8_kernels.h: exact D, the
+// same float32 steps, so the same bits as every other level. q6_K (an integer scale per
+// 16-element half of a block) takes each half apart: tiles of K = 16 (dot_amx_sub), its
+// two exact half sums times their scales, exactly, as on AVX-512 VNNI.
 //
 // Tiles (palette 1; the Intel AMX chapter of the Intel SDM, vol. 1):
-//   dot_amx_rows: tmm0, tmm1 = C (16 x 16 int32), tmm2, tmm3 = A (16 x 32 bytes), tmm4 = B
-//                 (8 x 64 bytes);
+//   dot_amx_rows: tmm0, tmm1 = C (16 x 16 int32), tmm2, tmm3 = A (16 x 32 bytes), tmm4,
+//                 tmm5 = B (8 x 64 bytes): blocks alternate between (0, 2, 4) and (1, 3, 5);
 //   dot_amx_sub:  tmm0..3 = C (activation rows 0-15 / 16-31 x half 0 / 1), tmm4, tmm5 = A
 //                 (16 x 16 bytes: one half), tmm6, tmm7 = B (4 x 64 bytes: the half's 4
 //                 k4 groups).
@@ -61,42 +61,88 @@ QG_AMX void configure(int n, const uint8_t* rows, const uint16_t* colsb) {
 
 constexpr int HALF = Q8_BLOCK / 2;  // elements of K per q6_K sub-block scale
 
+// Rows per pass of dot_amx_rows: one C tile's, so that their float32 accumulators stay in
+// 16 zmm registers across the K chunk (with 32 rows a pass they went through memory).
+constexpr int AMX_PASS = 16;
+
+// Block b's tile work for activation rows q .. q + 15 into d: A, B and C tiles of parity
+// T (0 or 1: blocks alternate between tiles 0, 2, 4 and 1, 3, 5), B signed, so tdpbssd's
+// int32 sums are D itself.
+template <int T>
+QG_AMX inline void block_tiles(const int8_t* q, int64_t ldq, const int8_t* wb, int32_t* d) {
+    // the tile intrinsics take their tile numbers as literals (GCC pastes them into the asm)
+    if constexpr (T == 0) {
+        _tile_loadd(2, q, ldq);
+        _tile_loadd(4, wb, PANEL_ROWS * 4);
+        _tile_zero(0);
+        _tile_dpbssd(0, 2, 4);
+        _tile_stored(0, d, PANEL_ROWS * 4);
+    } else {
+        _tile_loadd(3, q, ldq);
+        _tile_loadd(5, wb, PANEL_ROWS * 4);
+        _tile_zero(1);
+        _tile_dpbssd(1, 3, 5);
+        _tile_stored(1, d, PANEL_ROWS * 4);
+    }
+}
+
+// The float32 steps of block b (int8_kernels.h) for the pass's 16 rows from their sums d;
+// dx, dS: the rows' activation scales of the block, dx[i] for row i.
+template <bool MW>
+QG_AMX inline void block_update(__m512* a, const int32_t* d, const Panel& p, const float* dx, const float* dS,
+                                int64_t lds, int64_t b) {
+    const __m512 sw = _mm512_loadu_ps(p.sw + b * PANEL_ROWS);
+    const __m512 mw = MW ? _mm512_loadu_ps(p.mw + b * PANEL_ROWS) : sw;
+#pragma GCC unroll 16  // a[] in registers (GCC kept q4_K's rolled, a[] on the stack)
+    for (int i = 0; i < AMX_PASS; ++i) {
+        const __m512 s = _mm512_mul_ps(sw, _mm512_set1_ps(dx[i * lds]));
+        a[i] = _mm512_add_ps(a[i], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(d + i * PANEL_ROWS)), s));
+        if (MW) a[i] = _mm512_sub_ps(a[i], _mm512_mul_ps(mw, _mm512_set1_ps(dS[i * lds])));
+    }
+}
+
+// Blocks as tdpbssd tiles: 16 activation rows a pass (AMX_PASS) with their accumulators in
+// registers over the whole chunk, block b + 1's tile work (loads, tdpbssd, the store of its
+// sums) issued before block b's float steps, in the other set of tiles and sum buffer.
+// Unsigned codes (u = w + OFF) are made signed once a call (w = u - OFF, in -15..15 for the
+// kinds of int8_decode.h), so tdpbssd's sums are D without the OFF * S correction: the same
+// integers. Against 32-row passes with the accumulators in memory and the sums stored after
+// each block (bench/NOTES.md, session 50; q4_0 1024 x 3584 M = 256, 2 threads, in process):
+// the whole call 3.5 -> 2.1-2.2 ms. Knock-outs put its tile work at ~1.0 ms and its float
+// steps at ~0.7: they still barely overlap.
 template <int OFF, bool MW>
 QG_AMX void dot_amx_rows(const Panel& p, const Q8Rows& x, int64_t rows, float* acc) {
-    alignas(64) int32_t d[AMX_MIN_M * PANEL_ROWS];
-    static const uint8_t rows_of[] = {16, 16, 16, 16, GROUPS};                            // C C A A B
-    static const uint16_t colsb_of[] = {64, 64, Q8_BLOCK, Q8_BLOCK, PANEL_ROWS * 4};
-    configure(5, rows_of, colsb_of);
-    for (int64_t m0 = 0; m0 < rows; m0 += AMX_MIN_M) {
-        for (int64_t b = 0; b < p.nb; ++b) {
-            _tile_loadd(2, x.q + m0 * x.ldq + b * Q8_BLOCK, x.ldq);
-            _tile_loadd(3, x.q + (m0 + 16) * x.ldq + b * Q8_BLOCK, x.ldq);
-            _tile_loadd(4, p.codes + b * PANEL_BLOCK_BYTES, PANEL_ROWS * 4);
-            _tile_zero(0);
-            _tile_zero(1);
-            if (OFF < 0) {  // activations (A) signed, codes (B) signed
-                _tile_dpbssd(0, 2, 4);
-                _tile_dpbssd(1, 3, 4);
-            } else {        // ... codes unsigned
-                _tile_dpbsud(0, 2, 4);
-                _tile_dpbsud(1, 3, 4);
-            }
-            _tile_stored(0, d, PANEL_ROWS * 4);
-            _tile_stored(1, d + 16 * PANEL_ROWS, PANEL_ROWS * 4);
-            const __m512 sw = _mm512_loadu_ps(p.sw + b * PANEL_ROWS);
-            for (int i = 0; i < AMX_MIN_M; ++i) {
-                const int64_t m = m0 + i;
-                __m512i v = _mm512_load_si512(d + i * PANEL_ROWS);
-                if (OFF > 0) v = _mm512_sub_epi32(v, _mm512_set1_epi32(OFF * x.S[m * x.lds + b]));
-                const __m512 s = _mm512_mul_ps(sw, _mm512_set1_ps(x.dx[m * x.lds + b]));
-                __m512 a = _mm512_loadu_ps(acc + m * PANEL_ROWS);
-                a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_cvtepi32_ps(v), s));
-                if (MW)
-                    a = _mm512_sub_ps(a, _mm512_mul_ps(_mm512_loadu_ps(p.mw + b * PANEL_ROWS),
-                                                       _mm512_set1_ps(x.dS[m * x.lds + b])));
-                _mm512_storeu_ps(acc + m * PANEL_ROWS, a);
-            }
+    alignas(64) int32_t d[2][AMX_PASS * PANEL_ROWS];
+    alignas(64) int8_t signed_codes[OFF > 0 ? AMX_MAX_NB * PANEL_BLOCK_BYTES : 64];
+    const int8_t* codes = p.codes;
+    if constexpr (OFF > 0) {
+        const __m512i off = _mm512_set1_epi8((char)OFF);
+        for (int64_t i = 0; i < p.nb * PANEL_BLOCK_BYTES; i += 64)
+            _mm512_store_si512(signed_codes + i, _mm512_sub_epi8(_mm512_loadu_si512(p.codes + i), off));
+        codes = signed_codes;
+    }
+    static const uint8_t rows_of[] = {AMX_PASS, AMX_PASS, AMX_PASS, AMX_PASS, GROUPS, GROUPS};  // C C A A B B
+    static const uint16_t colsb_of[] = {64, 64, Q8_BLOCK, Q8_BLOCK, PANEL_ROWS * 4, PANEL_ROWS * 4};
+    configure(6, rows_of, colsb_of);
+    for (int64_t m0 = 0; m0 < rows; m0 += AMX_PASS) {
+        const int8_t* q = x.q + m0 * x.ldq;
+        // the pass's activation scales by block, a row's at a constant offset (no index
+        // arithmetic a row in block_update)
+        __m512 a[AMX_PASS];
+#pragma GCC unroll 16
+        for (int i = 0; i < AMX_PASS; ++i) a[i] = _mm512_loadu_ps(acc + (m0 + i) * PANEL_ROWS);
+        block_tiles<0>(q, x.ldq, codes, d[0]);
+        for (int64_t b = 0; b < p.nb; b += 2) {  // b even: tiles and sums of set 0, b + 1: set 1
+            if (b + 1 < p.nb)
+                block_tiles<1>(q + (b + 1) * Q8_BLOCK, x.ldq, codes + (b + 1) * PANEL_BLOCK_BYTES, d[1]);
+            block_update<MW>(a, d[0], p, x.dx + m0 * x.lds + b, x.dS + m0 * x.lds + b, x.lds, b);
+            if (b + 1 >= p.nb) break;
+            if (b + 2 < p.nb)
+                block_tiles<0>(q + (b + 2) * Q8_BLOCK, x.ldq, codes + (b + 2) * PANEL_BLOCK_BYTES, d[0]);
+            block_update<MW>(a, d[1], p, x.dx + m0 * x.lds + b + 1, x.dS + m0 * x.lds + b + 1, x.lds, b + 1);
         }
+#pragma GCC unroll 16
+        for (int i = 0; i < AMX_PASS; ++i) _mm512_storeu_ps(acc + (m0 + i) * PANEL_ROWS, a[i]);
     }
     _tile_release();
 }
