@@ -94,9 +94,8 @@ struct Q8Rows {
 // picks by cpu::int8_isa().
 void panel_dot(Int8Kind kind, const Panel& p, const Q8Rows& x, float* acc);
 
-// AMX (int8_amx.cpp): a multiple of its passes' activation rows (16; q6_K's 32). The panel
-// kernels use tiles from this M on, on the rows [0, M - M % AMX_MIN_M); AVX-512 VNNI takes
-// the rest.
+// AMX (int8_amx.cpp): a multiple of its passes' activation rows (16). The panel kernels use
+// tiles from this M on, on the rows [0, M - M % AMX_MIN_M); AVX-512 VNNI takes the rest.
 constexpr int AMX_MIN_M = 32;
 // The most blocks a Panel holds on the AMX path (its signed copy of unsigned codes is a
 // stack buffer): int8_gemm.h's K chunk, INT8_TILE_K, is 512 elements.
