@@ -86,7 +86,7 @@ QG_AMX inline void block_tiles(const int8_t* q, int64_t ldq, const int8_t* wb, i
 }
 
 // The float32 steps of block b (int8_kernels.h) for the pass's 16 rows from their sums d;
-// dx, dS: the rows' activation scales of the block, dx[i] for row i.
+// dx, dS: the first row's activation scale and dx * S of the block, row i's at i * lds.
 template <bool MW>
 QG_AMX inline void block_update(__m512* a, const int32_t* d, const Panel& p, const float* dx, const float* dS,
                                 int64_t lds, int64_t b) {
@@ -125,8 +125,6 @@ QG_AMX void dot_amx_rows(const Panel& p, const Q8Rows& x, int64_t rows, float* a
     configure(6, rows_of, colsb_of);
     for (int64_t m0 = 0; m0 < rows; m0 += AMX_PASS) {
         const int8_t* q = x.q + m0 * x.ldq;
-        // the pass's activation scales by block, a row's at a constant offset (no index
-        // arithmetic a row in block_update)
         __m512 a[AMX_PASS];
 #pragma GCC unroll 16
         for (int i = 0; i < AMX_PASS; ++i) a[i] = _mm512_loadu_ps(acc + (m0 + i) * PANEL_ROWS);
@@ -218,6 +216,7 @@ QG_AMX void dot_amx_sub(const Panel& p, const Q8Rows& x, int64_t rows, float* ac
 
 // Every kind of int8_decode.h; false if it cannot serve this one.
 QG_AMX bool panel_dot_amx(Int8Kind kind, const Panel& p, const Q8Rows& x, int64_t rows, float* acc) {
+    if (p.nb > AMX_MAX_NB) return false;  // dot_amx_rows's signed copy holds AMX_MAX_NB blocks
     if (kind.sub) {
         if (kind.offset >= 0 || kind.mw) return false;  // q6_K's codes are signed, no min term
         dot_amx_sub(p, x, rows, acc);

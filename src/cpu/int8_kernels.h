@@ -101,7 +101,8 @@ constexpr int AMX_MIN_M = 32;
 // stack buffer): int8_gemm.h's K chunk, INT8_TILE_K, is 512 elements.
 constexpr int64_t AMX_MAX_NB = 16;
 // panel_dot on AMX tiles for activation rows [0, rows), rows % AMX_MIN_M == 0; false (and
-// nothing done) for a kind it does not serve (one the formats do not use).
+// nothing done) for a kind it does not serve (one the formats do not use) or a panel of
+// more than AMX_MAX_NB blocks.
 bool panel_dot_amx(Int8Kind kind, const Panel& p, const Q8Rows& x, int64_t rows, float* acc);
 
 // Row-major codes [PANEL_ROWS][ld] (blocks [0, nb) of each row) -> panel codes.
