@@ -83,6 +83,35 @@ def random_x(rng, m, k, dtype):
     return np.where(x == 0, 0.5, x).astype(np.float32).astype(dtype)
 
 
+def edge_x(rng, m, k, dtype):
+    """Rows of zeros but for one of the quantizer's edge blocks (src/cpu/q8_act.h), row r
+    kind r % 4 at block r % (k / 32): 0, a few values below ~3.7e-37 among zeros (float32 and
+    bfloat16: 1 / dx overflows to inf, so the zeros make 0 * inf = NaN, code 0, the rest
+    +-127; fp16 has no such values: its smallest normal there); 1, amax 127 with halves (t = v:
+    ties to even); 2, values up to 1e30 (fp16: 6e4); 3, one value among zeros. Every other
+    block is zero (dx = 0): a row's output is its edge block's alone, so a wrong code shows
+    even where its block's scale is tiny."""
+    x = np.zeros((m, k), np.float32)
+    tiny = np.float32(2.0 ** -14) if dtype == F16 else np.float32(1e-38)
+    big = np.float32(6.0e4 if dtype == F16 else 1e30)
+    halves = np.arange(32, dtype=np.float32) - np.float32(15.5)
+    for r in range(m):
+        b = slice(32 * (r % (k // 32)), 32 * (r % (k // 32) + 1))
+        kind = r % 4
+        if kind == 0:
+            v = np.zeros(32, np.float32)
+            v[r % 5::7] = tiny * rng.choice([-1.0, 1.0], size=len(v[r % 5::7]))
+        elif kind == 1:
+            v = rng.permutation(np.where(halves == halves[0], np.float32(-127.0), halves))
+        elif kind == 2:
+            v = big * rng.uniform(-1, 1, size=32).astype(np.float32)
+        else:
+            v = np.zeros(32, np.float32)
+            v[r % 32] = np.float32(-0.75)
+        x[r, b] = v
+    return x.astype(dtype)
+
+
 def model(x, fmt, args, kw, y_dtype):
     """The model's y in y_dtype (its one rounding of the float32 result) and fallback mask.
     Non-finite scales planted on purpose make NaN scale products (0 * inf): no warning."""
@@ -192,6 +221,22 @@ def test_threads_do_not_change_results(rng, int8_ctx, assert_bitwise_equal):
             int8_ctx.set_option("cpu_threads", 0)
 
 
+@pytest.mark.parametrize("x_name", list(X_DTYPES))
+def test_activation_quantizer_edges_match_model(rng, x_name, int8_ctx, assert_bitwise_equal):
+    """The activation quantizer's edge blocks (edge_x: zero, 1 / dx overflowing, ties,
+    near-overflow values) give the model's codes and scales: the outputs are the model's
+    bit for bit, through the small-M kernel (M = 1, 2) and the panels (M = 5, 40)."""
+    x_dt = X_DTYPES[x_name]
+    for fmt in ("q8_0", "q4_K"):
+        k = 512
+        w, args, kw = make_weight(rng, fmt, 37, k)
+        for m in (1, 2, 5, 40):
+            x = edge_x(rng, m, k, x_dt)
+            want, fallback = model(x, fmt, args, kw, F32)
+            assert not fallback.any(), "finite inputs: no fp32 fallback"
+            assert_bitwise_equal(pyquant.gemm(x, w, out_dtype=np.float32), want, f"{fmt} x={x_name} m={m}")
+
+
 # ---------------------------------------------------------------- ISA levels
 
 _ISA_CHILD = r"""
@@ -221,7 +266,8 @@ np.savez(sys.argv[2], **out)
 def test_every_isa_level_gives_the_same_bits(rng, tmp_path, int8_ctx, assert_bitwise_equal):
     """One fresh process per QG_CPU_ISA cap and rows kernel copy (ISA_RUNS: both are chosen
     once per process), each computing every format at M = 1, 2 (small-M kernels; N = 40
-    ends in a panel of 8 rows) and 5, 40 (panel kernels), as this process does (its widest
+    ends in a panel of 8 rows) and 5, 40 (panel kernels), and q8_0 and q4_K once more at
+    M = 1 and 40 on float32 edge_x (the activation quantizer's edges), as this process does (its widest
     level, ymm rows); every result must be the model's (cpu_int8.gemm) bit for bit. A cap
     above what the machine has changes nothing; the level and rows kernel each child ran
     are read from its QG_LOG=1 lines, and the zmm copy must have run wherever the level
@@ -233,9 +279,10 @@ def test_every_isa_level_gives_the_same_bits(rng, tmp_path, int8_ctx, assert_bit
         names = {"int4": ("qweight", "scales", "qzeros"), "mxfp4": ("blocks", "scales")}.get(fmt, ("raw",))
         for name, a in zip(names, args):
             arrays[f"{fmt}/{name}"] = np.zeros(0) if a is None else a
-        for m in (1, 2, 5, 40):
-            key = f"{fmt}/{m}"
-            x = random_x(rng, m, k, F16)
+        for m in (1, 2, 5, 40) + ((1, 40) if fmt in ("q8_0", "q4_K") else ()):
+            edge = m in (1, 40) and f"{fmt}/{m}" in keys  # the second time: edge_x (float32)
+            key = f"{fmt}/{m}" + ("e" if edge else "")
+            x = edge_x(rng, m, k, F32) if edge else random_x(rng, m, k, F16)
             arrays[key + "/x"] = x
             keys.append(key)
             want[key], _ = model(x, fmt, args, kw, F32)

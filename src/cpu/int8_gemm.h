@@ -38,6 +38,7 @@ inline bool use_int8(const qg_context* ctx) { return ctx == nullptr || ctx->cpu_
 // K elements decoded per panel pass: the panel (16 rows) takes 8 KiB of L1 beside the
 // activations (not tuned: chosen to fit, like the fp32 path's TILE_K).
 constexpr int64_t INT8_TILE_K = 512;
+static_assert(INT8_TILE_K / Q8_BLOCK <= AMX_MAX_NB, "the AMX kernels' buffers hold a chunk");
 
 // How the panels are shared out. The panel kernels (M > rows_max_m()): one panel a task,
 // handed out in turn (they decode into a panel first, and their M rows of work hide the

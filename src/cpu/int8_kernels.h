@@ -94,11 +94,15 @@ struct Q8Rows {
 // picks by cpu::int8_isa().
 void panel_dot(Int8Kind kind, const Panel& p, const Q8Rows& x, float* acc);
 
-// AMX (int8_amx.cpp): activation rows per pass, two 16-row A tiles. The panel kernels use
+// AMX (int8_amx.cpp): a multiple of its passes' activation rows (16). The panel kernels use
 // tiles from this M on, on the rows [0, M - M % AMX_MIN_M); AVX-512 VNNI takes the rest.
 constexpr int AMX_MIN_M = 32;
+// The most blocks a Panel holds on the AMX path (its signed copy of unsigned codes is a
+// stack buffer): int8_gemm.h's K chunk, INT8_TILE_K, is 512 elements.
+constexpr int64_t AMX_MAX_NB = 16;
 // panel_dot on AMX tiles for activation rows [0, rows), rows % AMX_MIN_M == 0; false (and
-// nothing done) for a kind it does not serve (one the formats do not use).
+// nothing done) for a kind it does not serve (one the formats do not use) or a panel of
+// more than AMX_MAX_NB blocks.
 bool panel_dot_amx(Int8Kind kind, const Panel& p, const Q8Rows& x, int64_t rows, float* acc);
 
 // Row-major codes [PANEL_ROWS][ld] (blocks [0, nb) of each row) -> panel codes.

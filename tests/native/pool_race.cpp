@@ -1,9 +1,10 @@
 // The CPU tier's worker pool under ThreadSanitizer (.ci/tsan_check.sh): 16 user threads
 // call qg_gguf_gemm at once, 50 times each, through contexts of their own with 2 to 5
 // worker threads and through one shared context of 4, so jobs asking for 1 to 4 helpers
-// share the pool. Calls alternate M = 3 (the int8 path's panel kernels) and M = 1 (its
-// small-M kernels), on the default precision (int8), with every third call on the
-// fp32-exact path. Every result must equal the serial one bit for bit; TSan aborts on any
+// share the pool. Calls alternate M = 40 (the int8 path's panel kernels: AMX tiles on 32
+// rows and AVX-512 VNNI on 8 where the CPU has AMX; the activations quantized on 2 threads)
+// and M = 1 (its small-M kernels), on the default precision (int8), with every third call
+// on the fp32-exact path. Every result must equal the serial one bit for bit; TSan aborts on any
 // race.
 #include <stdio.h>
 #include <string.h>
@@ -16,7 +17,7 @@
 
 namespace {
 
-constexpr int64_t N = 96, K = 512, M = 3, ROW_BYTES = K / 32 * 34;  // Q8_0: 34-byte blocks
+constexpr int64_t N = 96, K = 512, M = 40, ROW_BYTES = K / 32 * 34;  // Q8_0: 34-byte blocks
 
 // Call c's M (rows of x used) and cpu_precision (0 default = int8, 1 fp32-exact).
 int64_t call_m(int c) { return c % 2 == 0 ? M : 1; }
