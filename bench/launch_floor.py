@@ -23,8 +23,10 @@ Weights are copies cycled past 200 MB, as the bench's. Needs CuPy and torch (dev
 import statistics
 import sys
 
+from pyquant.bench.timing import EventTimer
+
 ROTATION_BYTES = 200 << 20
-GROUP = 8  # calls enqueued behind one backlog copy (pyquant/bench/timing.py EventTimer.GROUP)
+GROUP = EventTimer.GROUP  # calls enqueued behind one backlog copy, as the bench's timer does
 
 READ_SRC = r"""
 extern "C" __global__ void read_all(const uint4* __restrict__ p, long long n16, unsigned* out) {

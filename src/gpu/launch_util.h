@@ -63,6 +63,10 @@ inline qg_status raise_smem_limit(const qg_context* ctx, const void* kernel, int
     return QG_OK;
 }
 
+// The integer value of the environment variable `name` (atoi), or `unset` where it is not set:
+// the QG_EXP_* A/B switches, each read once a process by its caller (a static).
+int env_int(const char* name, int unset);
+
 // Whether a launch may be programmatic after the previous kernel (launch_after_prior): on a
 // device that has it (sm_90) and unless QG_EXP_PDL=0 (read once a process).
 bool pdl_enabled(const qg_context* ctx);

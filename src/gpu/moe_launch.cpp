@@ -140,12 +140,8 @@ qg_status launch_gemm(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype
 // Measured on the H100 with each part count forced (bench/NOTES.md, session 50): the rule's
 // choice was the fastest or within 1.5 % of it at every T from 1 to 512 (120b) and 160 (20b).
 int forced_down_splits() {
-    static const int n = [] {
-        const char* v = getenv("QG_EXP_MOE_SPLIT2");
-        const int k = v != nullptr ? atoi(v) : 0;
-        return k >= 1 && k <= 16 ? k : 0;
-    }();
-    return n;
+    static const int k = launch_util::env_int("QG_EXP_MOE_SPLIT2", 0);
+    return k >= 1 && k <= 16 ? k : 0;
 }
 
 // Stage 2's blocks in use for a routing that spreads the P pairs uniformly over the E experts:
@@ -177,12 +173,8 @@ int mma_splits(const qg_context* ctx, const GemmCall& c, qg_dtype x_dtype) {
 // QG_EXP_MOE_SLICES=1 / 2 / 4 sets the slices of both stages' tile_m = 16 launches (the A/B of
 // bench/NOTES.md, session 44); unset or another value: mma_slices' rule. Read once a process.
 int forced_slices() {
-    static const int n = [] {
-        const char* v = getenv("QG_EXP_MOE_SLICES");
-        const int k = v != nullptr ? atoi(v) : 0;
-        return k == 1 || k == 2 || k == 4 ? k : 0;
-    }();
-    return n;
+    static const int k = launch_util::env_int("QG_EXP_MOE_SLICES", 0);
+    return k == 1 || k == 2 || k == 4 ? k : 0;
 }
 
 // K slices inside a block of the mma.sync tiles (hip/moe_kernels.h): more warps on the same

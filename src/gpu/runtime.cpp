@@ -229,11 +229,13 @@ qg_status prepare_kernel(const qg_context* ctx, const void* kernel, int smem, co
     return QG_OK;
 }
 
+int env_int(const char* name, int unset) {
+    const char* v = getenv(name);
+    return v != nullptr ? atoi(v) : unset;
+}
+
 bool pdl_enabled(const qg_context* ctx) {
-    static const bool on = [] {
-        const char* v = getenv("QG_EXP_PDL");
-        return v == nullptr || atoi(v) != 0;
-    }();
+    static const bool on = env_int("QG_EXP_PDL", 1) != 0;
     return kGpuIsCuda && on && ctx->cc_major >= 9;
 }
 
