@@ -593,17 +593,21 @@ class GGUFWeight(_TwoLayouts):
         self.bias = _checked_bias(bias, (n,))
         self._check_location()
 
-    def _init_frag(self, raw, scales, shape):
-        why = self._frag_refusal()
-        if why is not None:
-            raise _err(why)
+    def _plane_shape_of(self, shape, layout: str) -> tuple:
+        """(N, K) of a repacked layout's weight, whose planes do not say it: shape, checked."""
         if shape is None or len(shape) != 2:
-            raise _err("a frag-layout GGUFWeight needs shape=(N, K)")
+            raise _err(f"a {layout}-layout GGUFWeight needs shape=(N, K)")
         n, k = (int(v) for v in shape)
         if n <= 0 or k <= 0 or k % self.spec.block_elems:
             raise _err(f"shape={(n, k)}: N and K must be positive and K a multiple of the "
                        f"{self.spec.block_elems}-element {self.spec.name} block")
-        self.shape = (n, k)
+        return n, k
+
+    def _init_frag(self, raw, scales, shape):
+        why = self._frag_refusal()
+        if why is not None:
+            raise _err(why)
+        n, k = self.shape = self._plane_shape_of(shape, "frag")
         planes = _ggfrag.plane_shapes(self.format, n, k)
         arrays = _frag_planes({"raw": (raw, _PACKED_INT_DTYPES, False),
                                "scales": (scales, (_ggfrag.scales_dtype(self.format),), False)},
@@ -613,13 +617,7 @@ class GGUFWeight(_TwoLayouts):
     def _init_rows8(self, raw, scales, shape):
         if scales is not None:
             raise _err("scales= is the frag layout's scales plane; the rows8 plane holds the blocks whole")
-        if shape is None or len(shape) != 2:
-            raise _err("a rows8-layout GGUFWeight needs shape=(N, K)")
-        n, k = (int(v) for v in shape)
-        if n <= 0 or k <= 0 or k % self.spec.block_elems:
-            raise _err(f"shape={(n, k)}: N and K must be positive and K a multiple of the "
-                       f"{self.spec.block_elems}-element {self.spec.name} block")
-        self.shape = (n, k)
+        n, k = self.shape = self._plane_shape_of(shape, "rows8")
         plane = _ggrows8.plane_shape(n, k, self.spec.block_elems, self.spec.block_bytes)
         a = _component(raw, "raw")
         if a is None:
