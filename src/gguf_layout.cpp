@@ -2,16 +2,17 @@
 // (qg_gguf_repack on a CPU context) and its inverse, which lets the CPU tier serve a
 // frag-layout call. The frag planes are the W4A16 ones of G = 32 (src/formats/gguf_frag.h);
 // pyquant/formats/gguf_frag.py is the specification the tests hold both directions to, byte
-// for byte.
+// for byte. And the repack into the rows8 layout (src/formats/gguf_rows8.h), the CPU tier's
+// own, which cpu_gguf_gemm reads as it is.
 #include <stdint.h>
 #include <string.h>
 
 #include <memory>
 #include <new>
 
+#include "formats/gguf_formats.h"
 #include "formats/gguf_frag.h"
 #include "formats/gguf_rows8.h"
-#include "formats/gguf_formats.h"
 #include "formats/iq_tables.h"
 #include "formats/w4a16_frag.h"
 #include "frag_planes.h"
