@@ -65,8 +65,8 @@ extern "C" {
  * 6: Q4_K and IQ4_XS in that layout; 7: Q8_0 in that layout, a byte plane; 8: Q6_K in that
  * layout, its codes less 32 in the byte plane; 9: IQ3_XXS in that layout, a codebook's 4-bit
  * codes; 10: IQ4_XS's and IQ3_XXS's nibbles in that layout placed by A register, byte p of a word
- * register p's two codes). */
-#define QG_FORMAT_VERSION 10
+ * register p's two codes; 11: the GGUF rows8 layout of qg_gguf_repack on a CPU context). */
+#define QG_FORMAT_VERSION 11
 
 /* ------------------------------------------------------------------ status */
 
@@ -298,12 +298,20 @@ QG_API qg_status qg_w4a16_repack(qg_context* ctx, const qg_w4a16_repack_args* ar
  * With layout = QG_GGUF_LAYOUT_FRAG, w and w_scales point at the two planes written by
  * qg_gguf_repack for the same format, n, k (ldw is not read). The GPU tiers of that layout
  * take F16 or BF16 x (fp32 x: keep the block layout); every tier accepts both layouts.
+ * With layout = QG_GGUF_LAYOUT_ROWS8, w points at the plane qg_gguf_repack writes for that
+ * layout (ldw and w_scales are not read); the CPU tier only, with the block layout's bits.
  */
 typedef enum qg_gguf_layout QG_ENUM_BASE {
     QG_GGUF_LAYOUT_BLOCKS = 0, /* the .gguf blocks, N rows of stride ldw, above */
-    QG_GGUF_LAYOUT_FRAG = 1    /* qg_gguf_repack's planes (every GGUF format): the W4A16 frag planes of
+    QG_GGUF_LAYOUT_FRAG = 1,   /* qg_gguf_repack's planes (every GGUF format): the W4A16 frag planes of
                                   G = 32 (docs/gguf-layout.md, "The frag layout"), read by the
                                   W4A16 frag decode and prefill kernels */
+    QG_GGUF_LAYOUT_ROWS8 = 2   /* qg_gguf_repack's CPU layout (every GGUF format): the .gguf blocks of
+                                  each 8 consecutive rows side by side, block b of row n at block
+                                  index (n / 8 * (K / block_elems) + b) * 8 + n % 8 of w, N padded
+                                  to a multiple of 8 with zero blocks; one plane (w_scales and ldw
+                                  are not read). Read by the CPU tier only (8 rows a pass: one
+                                  stream where the rows are 8) */
 } qg_gguf_layout;
 
 typedef struct qg_gguf_gemm_args {
@@ -348,10 +356,13 @@ QG_API qg_status qg_gguf_gemm(qg_context* ctx, const qg_gguf_gemm_args* args, qg
  *               ((grid - 4) / 8: 4, 12, .., 52, 62 -> 0..7) | its sign << 3, the record ls.
  * N is padded to a multiple of 16 and K to a multiple of 128 with q = 0 and scale 0, which add
  * exactly nothing. The outputs must not overlap the input.
+ * QG_GGUF_LAYOUT_ROWS8 (CPU contexts only): out_w the blocks moved whole as that enum value
+ * says, the padding rows' blocks all zero (scale 0: they add exactly nothing); out_scales is
+ * not written (scales_bytes 0; it may be NULL). Every GGUF format.
  */
 typedef struct qg_gguf_repack_args {
     size_t size;            /* sizeof(qg_gguf_repack_args) */
-    qg_gguf_layout layout;  /* target: QG_GGUF_LAYOUT_FRAG */
+    qg_gguf_layout layout;  /* target: QG_GGUF_LAYOUT_FRAG, or QG_GGUF_LAYOUT_ROWS8 on a CPU context */
     qg_format format;       /* QG_FORMAT_Q8_0 .. QG_FORMAT_IQ3_XXS */
     int64_t n, k;           /* K % 32 == 0 */
     const void* w;          /* N rows of blocks, row stride ldw bytes (even) */

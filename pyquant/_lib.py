@@ -26,7 +26,7 @@ from pathlib import Path
 from . import __version__ as _package_version
 
 # QG_FORMAT_VERSION this package's packers and readers expect.
-EXPECTED_FORMAT_VERSION = 10
+EXPECTED_FORMAT_VERSION = 11
 
 if sys.platform == "win32":
     _LIB_NAME = "quantgemm.dll"
@@ -186,8 +186,8 @@ QG_VERSION_MAJOR = 0
 QG_VERSION_MINOR = 1
 # #define QG_VERSION_PATCH 0
 QG_VERSION_PATCH = 0
-# #define QG_FORMAT_VERSION 10
-QG_FORMAT_VERSION = 10
+# #define QG_FORMAT_VERSION 11
+QG_FORMAT_VERSION = 11
 
 # ---------------------------------------------------------------- status
 
@@ -448,10 +448,11 @@ qg_w4a16_repack = _fn("qg_w4a16_repack",
 
 # ---------------------------------------------------------------- GGUF
 
-# typedef enum qg_gguf_layout { QG_GGUF_LAYOUT_BLOCKS = 0, QG_GGUF_LAYOUT_FRAG = 1 } qg_gguf_layout;
+# typedef enum qg_gguf_layout { QG_GGUF_LAYOUT_BLOCKS = 0, QG_GGUF_LAYOUT_FRAG = 1, QG_GGUF_LAYOUT_ROWS8 = 2 } qg_gguf_layout;
 class GGUFLayout(enum.IntEnum):
     QG_GGUF_LAYOUT_BLOCKS = 0
     QG_GGUF_LAYOUT_FRAG = 1
+    QG_GGUF_LAYOUT_ROWS8 = 2
 
 
 qg_gguf_layout = ctypes.c_int

@@ -487,8 +487,7 @@ class _GemmCall:
                 format=w.spec.qg_format, m=m, n=n, k=k, x_dtype=x_dt, y_dtype=y_dt,
                 x=_ptr(xv), ldx=ldx, w=_ptr(ops["w.raw"]), ldw=w.ldw, y=_ptr(yv), ldy=ldy,
                 bias=_ptr(bias), bias_dtype=bias_dt, w_scales=_ptr(ops.get("w.scales")),
-                layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG if w.layout == "frag"
-                else _lib.GGUFLayout.QG_GGUF_LAYOUT_BLOCKS)
+                layout=_GGUF_LAYOUT_IDS[w.layout])
             query, launch = _lib.qg_gguf_gemm_workspace_size, _lib.qg_gguf_gemm
         else:
             args = _lib.qg_mxfp4_gemm_args(
@@ -500,6 +499,10 @@ class _GemmCall:
             query, launch = _lib.qg_mxfp4_gemm_workspace_size, _lib.qg_mxfp4_gemm
         self.ctx, self.args, self.query, self.launch, self.stream, self.result = c, args, query, launch, s, result
         self._keep = (xv, yv, ops)   # the operands' owners stay alive as long as the call
+
+
+_GGUF_LAYOUT_IDS = {"canonical": _lib.GGUFLayout.QG_GGUF_LAYOUT_BLOCKS, "frag": _lib.GGUFLayout.QG_GGUF_LAYOUT_FRAG,
+                    "rows8": _lib.GGUFLayout.QG_GGUF_LAYOUT_ROWS8}
 
 
 def _run(c: Context, args, query, launch, s) -> None:

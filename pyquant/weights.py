@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _lib
 from . import formats as _formats
-from .formats import gguf_frag as _ggfrag, int4 as _int4, int4_frag as _frag, mxfp4 as _mxfp4, mxfp4_frag as _mxfrag
+from .formats import gguf_frag as _ggfrag, gguf_rows8 as _ggrows8, int4 as _int4, int4_frag as _frag, mxfp4 as _mxfp4, mxfp4_frag as _mxfrag
 from .device import (BFLOAT16, Context, DeviceArray, DeviceView, _err, cpu_context, default_context,
                      dtype_name, gpu_context, stream_handle)
 from ._lib import DType, QuantGemmError
@@ -226,6 +226,14 @@ _LAYOUTS = ("canonical", "frag")
 def _check_layout(layout: str) -> None:
     if layout not in _LAYOUTS:
         raise _err(f"layout={layout!r} is not one of {', '.join(_LAYOUTS)}")
+
+
+_GGUF_LAYOUTS = _LAYOUTS + ("rows8",)  # rows8: the CPU tier's (GGUFWeight)
+
+
+def _check_gguf_layout(layout: str) -> None:
+    if layout not in _GGUF_LAYOUTS:
+        raise _err(f"layout={layout!r} is not one of {', '.join(_GGUF_LAYOUTS)}")
 
 
 def _aligned_host(nbytes: int, align: int = 64) -> np.ndarray:
@@ -505,7 +513,7 @@ class Int4Weight(_TwoLayouts):
 
 
 class GGUFWeight(_TwoLayouts):
-    """GGUF block-quantized weight, in one of two layouts.
+    """GGUF block-quantized weight, in one of three layouts.
 
     layout="canonical": raw [N, row_bytes] uint8, each row K / block_elems blocks exactly as
     a .gguf file stores them. A numpy `raw` whose rows are padded (row stride > row bytes) is
@@ -517,6 +525,11 @@ class GGUFWeight(_TwoLayouts):
     writes (float16 for q4_0 and q8_0, uint16 for q4_K, iq4_xs, q6_K and iq3_xxs: gguf_frag.scales_dtype),
     the W4A16 frag planes of G = 32 that the GPU decode and prefill
     kernels read (fp16 or bf16 x there; fp32 x takes the block layout). Requires shape=(N, K).
+
+    layout="rows8" (every GGUF format; made by .repack("rows8") or .to_device(ctx, "rows8")
+    on the host or a CPU context; pyquant.formats.gguf_rows8): raw is the uint8 plane that
+    qg_gguf_repack writes for the CPU tier, the blocks of each 8 rows side by side (the same
+    results as the blocks, bit for bit). The CPU tier only. Requires shape=(N, K).
 
     Optional bias [N] (float32, float16 or bfloat16; the file's <name>.bias beside
     <name>.weight), added by pyquant.gemm, in either layout."""
@@ -531,8 +544,13 @@ class GGUFWeight(_TwoLayouts):
                        "use pyquant.from_gguf for GGUF mxfp4 blocks")
         self.format = spec.name
         self.spec = spec
-        _check_layout(layout)
+        _check_gguf_layout(layout)
         self.layout = layout
+        if layout == "rows8":
+            self._init_rows8(raw, scales, shape)
+            self.bias = _checked_bias(bias, self.shape[:1])
+            self._check_location()
+            return
         if layout == "frag":
             self._init_frag(raw, scales, shape)
             self.bias = _checked_bias(bias, self.shape[:1])
@@ -575,35 +593,55 @@ class GGUFWeight(_TwoLayouts):
         self.bias = _checked_bias(bias, (n,))
         self._check_location()
 
-    def _init_frag(self, raw, scales, shape):
-        why = self._frag_refusal()
-        if why is not None:
-            raise _err(why)
+    def _plane_shape_of(self, shape, layout: str) -> tuple:
+        """(N, K) of a repacked layout's weight, whose planes do not say it: shape, checked."""
         if shape is None or len(shape) != 2:
-            raise _err("a frag-layout GGUFWeight needs shape=(N, K)")
+            raise _err(f"a {layout}-layout GGUFWeight needs shape=(N, K)")
         n, k = (int(v) for v in shape)
         if n <= 0 or k <= 0 or k % self.spec.block_elems:
             raise _err(f"shape={(n, k)}: N and K must be positive and K a multiple of the "
                        f"{self.spec.block_elems}-element {self.spec.name} block")
-        self.shape = (n, k)
+        return n, k
+
+    def _init_frag(self, raw, scales, shape):
+        why = self._frag_refusal()
+        if why is not None:
+            raise _err(why)
+        n, k = self.shape = self._plane_shape_of(shape, "frag")
         planes = _ggfrag.plane_shapes(self.format, n, k)
         arrays = _frag_planes({"raw": (raw, _PACKED_INT_DTYPES, False),
                                "scales": (scales, (_ggfrag.scales_dtype(self.format),), False)},
                               {"raw": planes["w"], "scales": planes["scales"]}, f"{self.spec.name} ({n}, {k})")
         self.raw, self.scales = arrays["raw"], arrays["scales"]
 
+    def _init_rows8(self, raw, scales, shape):
+        if scales is not None:
+            raise _err("scales= is the frag layout's scales plane; the rows8 plane holds the blocks whole")
+        n, k = self.shape = self._plane_shape_of(shape, "rows8")
+        plane = _ggrows8.plane_shape(n, k, self.spec.block_elems, self.spec.block_bytes)
+        a = _component(raw, "raw")
+        if a is None:
+            raise _err("raw is None; a rows8-layout weight needs its plane")
+        a = _require_contiguous(a, "raw")
+        if np.dtype(a.dtype) != np.dtype(np.uint8):
+            raise _err(f"rows8 plane has dtype {dtype_name(a.dtype)}; expected uint8")
+        if int(np.prod(a.shape)) != int(np.prod(plane)):
+            raise _err(f"rows8 plane holds {int(np.prod(a.shape))} bytes; {self.spec.name} ({n}, {k}) needs "
+                       f"{int(np.prod(plane))} (shape {plane}: N padded to 8)")
+        self.raw, self.scales = a, None
+
     @property
     def ldw(self) -> int:
-        """Row stride of raw in bytes (0 for the frag layout, whose planes have no rows)."""
-        if self.layout == "frag":
+        """Row stride of raw in bytes (0 for the frag and rows8 layouts, whose planes have no rows)."""
+        if self.layout in ("frag", "rows8"):
             return 0
         return int(self.raw.strides[0]) if self.shape[0] > 1 else int(self.raw.shape[1])
 
     @property
     def nbytes(self) -> int:
         """The rows' block bytes (row padding excluded) + the bias; the planes + the bias for
-        the frag layout."""
-        if self.layout == "frag":
+        the frag and rows8 layouts."""
+        if self.layout in ("frag", "rows8"):
             return super().nbytes
         bias = 0 if self.bias is None else int(self.bias.nbytes)
         return int(self.raw.shape[0]) * int(self.raw.shape[1]) + bias
@@ -622,6 +660,8 @@ class GGUFWeight(_TwoLayouts):
         """The .gguf blocks uint8 [N, row_bytes] as a numpy array (a frag weight is unpacked
         with the numpy reference)."""
         raw = self._host("raw")
+        if self.layout == "rows8":
+            return _ggrows8.unpack(raw, *self.shape, self.spec.block_elems, self.spec.block_bytes)
         if self.layout == "frag":
             return _ggfrag.unpack(self.format, raw, self._host("scales"), *self.shape)
         return np.ascontiguousarray(raw)
@@ -643,6 +683,30 @@ class GGUFWeight(_TwoLayouts):
         _lib.qg_gguf_repack(ctx.handle, ctypes.byref(args), stream_handle(stream))
         return GGUFWeight(self.format, out_w, self.shape, bias=self.bias, layout="frag", scales=out_s)
 
+    def repack(self, layout: str = "frag", stream=None):
+        """The same weight in `layout`: "frag" and "canonical" as for every weight (below);
+        "rows8", the CPU tier's layout, on the host or a CPU context (qg_gguf_repack there)."""
+        _check_gguf_layout(layout)
+        if layout == self.layout:
+            return self
+        if self.layout == "rows8" and layout == "frag":
+            return self._canonical_weight().repack("frag", stream)
+        if layout != "rows8":
+            return super().repack(layout, stream)
+        if self.is_device and (self.ctx is None or self.ctx.is_gpu):
+            raise _err("the rows8 layout is the CPU tier's: repack a host weight or one in a CPU context")
+        src = self._canonical_weight() if self.layout == "frag" else self
+        ctx = self.ctx if self.ctx is not None else cpu_context()
+        n, k = self.shape
+        args = _lib.qg_gguf_repack_args(layout=_lib.GGUFLayout.QG_GGUF_LAYOUT_ROWS8, format=self.spec.qg_format,
+                                        n=n, k=k, ldw=src.ldw)
+        nw, ns = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        _lib.qg_gguf_repack_size(ctypes.byref(args), ctypes.byref(nw), ctypes.byref(ns))
+        out_w = _out_plane((nw.value,), np.uint8, nw.value, ctx, self.ctx is not None)
+        args.w, args.out_w = _address(src.raw), _address(out_w)
+        _lib.qg_gguf_repack(ctx.handle, ctypes.byref(args), stream_handle(stream))
+        return GGUFWeight(self.format, out_w, self.shape, bias=self.bias, layout="rows8")
+
     def to_device(self, ctx: Context | None = None, layout: str = "auto", stream=None,
                   row_align: int | None = 16):
         """The same weight in `ctx` (default_context()). layout="auto" gives a GPU context the
@@ -658,6 +722,15 @@ class GGUFWeight(_TwoLayouts):
         ctx = ctx if ctx is not None else default_context()
         if layout == "auto":
             layout = "frag" if ctx.is_gpu and self.format in _ggfrag.AUTO_FRAG else self.layout
+            layout = "frag" if ctx.is_gpu and layout == "rows8" else layout  # rows8 is the CPU tier's
+        if layout == "rows8" or self.layout == "rows8":
+            _check_gguf_layout(layout)
+            if layout == "rows8" and ctx.is_gpu:
+                raise _err("the rows8 layout is the CPU tier's; a GPU context reads canonical or frag weights")
+            if self.layout == "rows8":
+                return (_Weight.to_device(self, ctx) if layout == "rows8" else
+                        self._canonical_weight().to_device(ctx, layout, stream, row_align))
+            return self.to_device(ctx, "canonical", stream, None).repack("rows8", stream)
         if layout == "frag" or self.layout == "frag":
             return super().to_device(ctx, layout, stream)
         _check_layout(layout)

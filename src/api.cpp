@@ -20,6 +20,7 @@
 #include "formats/blocks.h"
 #include "formats/gguf_formats.h"
 #include "formats/gguf_frag.h"
+#include "formats/gguf_rows8.h"
 #include "formats/w4a16_frag.h"
 #include "moe_sizes.h"
 #include "quantgemm.h"
@@ -385,16 +386,16 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     EnumText t;
     const GgufFormat* f = nullptr;
     QG_TRY(check_gguf_format(a.format, &f));
-    QG_CHECK(a.layout == QG_GGUF_LAYOUT_BLOCKS || a.layout == QG_GGUF_LAYOUT_FRAG,
-             "layout=%s is not a qg_gguf_layout value (0 blocks, 1 frag)", t(nullptr, a.layout));
-    const bool frag = a.layout == QG_GGUF_LAYOUT_FRAG;
+    QG_CHECK(a.layout == QG_GGUF_LAYOUT_BLOCKS || a.layout == QG_GGUF_LAYOUT_FRAG || a.layout == QG_GGUF_LAYOUT_ROWS8,
+             "layout=%s is not a qg_gguf_layout value (0 blocks, 1 frag, 2 rows8)", t(nullptr, a.layout));
+    const bool frag = a.layout == QG_GGUF_LAYOUT_FRAG, rows8 = a.layout == QG_GGUF_LAYOUT_ROWS8;
     if (frag) QG_TRY(check_gguf_frag_format(f));
     QG_TRY(check_positive("n", a.n));
     QG_TRY(check_positive("k", a.k));
     QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name,
              f->elems);
     QG_CHECK(a.k / f->elems <= INT64_MAX / f->bytes, "k=%lld is too large: a row's bytes overflow int64", (ll)a.k);
-    if (!frag) QG_TRY(check_gguf_rows(f, a.k, a.ldw));  // the frag planes have no row stride
+    if (!frag && !rows8) QG_TRY(check_gguf_rows(f, a.k, a.ldw));  // the repacked planes have no row stride
     QG_TRY(check_dtype("x_dtype", a.x_dtype, kF32 | kF16 | kBF16, "GGUF GEMM (fp32, fp16 or bf16)"));
     QG_TRY(check_y_dtype("y_dtype", a.y_dtype, "x_dtype", a.x_dtype));
     QG_TRY(check_bias(a.bias, a.bias_dtype, "GGUF bias", false));
@@ -405,6 +406,8 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     if (frag)  // the planes hold N and K padded to 16 and 128
         QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "w (the frag plane: k/2 or k bytes per padded row)",
                             a.n + qg::frag::kRowBlock, 1));
+    else if (rows8)  // the plane holds N padded to 8
+        QG_TRY(check_extent("k", a.k / f->elems * f->bytes, "w (the rows8 plane)", a.n + qg::gguf_rows8::kRows, 1));
     else
         QG_TRY(check_extent("ldw", a.ldw, "w", a.n, 1));
     if (pointers) {
@@ -421,12 +424,36 @@ qg_status check_gguf(const qg_gguf_gemm_args& a, bool pointers) {
     return QG_OK;
 }
 
+// qg_gguf_repack into the rows8 layout (every format; one plane, the blocks moved whole).
+qg_status check_gguf_repack_rows8(const qg_gguf_repack_args& a, const GgufFormat* f, bool pointers) {
+    const int64_t row_bytes = a.k / f->elems * f->bytes;
+    QG_TRY(check_extent("k", row_bytes, "out_w (the rows8 plane)", a.n + qg::gguf_rows8::kRows, 1));
+    if (!pointers) return QG_OK;
+    QG_TRY(check_gguf_rows(f, a.k, a.ldw));
+    QG_TRY(check_extent("ldw", a.ldw, "w", a.n, 1));
+    QG_TRY(check_ptr(a.w, "w", 2, "GGUF blocks hold fp16 scales"));
+    QG_TRY(check_ptr(a.out_w, "out_w", 2, "GGUF blocks hold fp16 scales"));
+    const size_t in_w = (size_t)(a.n - 1) * (size_t)a.ldw + (size_t)row_bytes;
+    const size_t out_w = (size_t)qg::gguf_rows8::plane_bytes(a.n, a.k / f->elems, f->bytes);
+    QG_CHECK(disjoint(a.out_w, out_w, a.w, in_w), "out_w overlaps w (the repack reads the blocks while it writes)");
+    return QG_OK;
+}
+
 qg_status check_gguf_repack(const qg_gguf_repack_args& a, bool pointers) {
     EnumText t;
-    QG_CHECK(a.layout == QG_GGUF_LAYOUT_FRAG, "layout=%s: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG (1) only",
+    QG_CHECK(a.layout == QG_GGUF_LAYOUT_FRAG || a.layout == QG_GGUF_LAYOUT_ROWS8,
+             "layout=%s: qg_gguf_repack produces QG_GGUF_LAYOUT_FRAG (1) or QG_GGUF_LAYOUT_ROWS8 (2)",
              t(a.layout == QG_GGUF_LAYOUT_BLOCKS ? "QG_GGUF_LAYOUT_BLOCKS" : nullptr, a.layout));
     const GgufFormat* f = nullptr;
     QG_TRY(check_gguf_format(a.format, &f));
+    if (a.layout == QG_GGUF_LAYOUT_ROWS8) {
+        QG_TRY(check_positive("n", a.n));
+        QG_TRY(check_positive("k", a.k));
+        QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name,
+                 f->elems);
+        QG_CHECK(a.k / f->elems <= INT64_MAX / f->bytes, "k=%lld is too large: a row's bytes overflow int64", (ll)a.k);
+        return check_gguf_repack_rows8(a, f, pointers);
+    }
     QG_TRY(check_gguf_frag_format(f));
     QG_TRY(check_positive("n", a.n));
     QG_TRY(check_positive("k", a.k));
@@ -1310,12 +1337,22 @@ struct Repack<qg_mxfp4_repack_args> {
 
 template <>
 struct Repack<qg_gguf_repack_args> {
-    static qg_status check(const qg_context*, const qg_gguf_repack_args& a) { return check_gguf_repack(a, true); }
+    static qg_status check(const qg_context* c, const qg_gguf_repack_args& a) {
+        if (is_gpu(c) && a.layout == QG_GGUF_LAYOUT_ROWS8)
+            return set_error(QG_ERR_UNSUPPORTED,
+                             "layout=QG_GGUF_LAYOUT_ROWS8 is the CPU tier's layout: repack on a CPU context (the GPU "
+                             "tiers read QG_GGUF_LAYOUT_FRAG)");
+        return check_gguf_repack(a, true);
+    }
     static void log(const qg_gguf_repack_args& a, const char* where) {
-        qg::log_once("gguf repack to frag on %s: format=%s n=%lld k=%lld", where, format_name(a.format), (ll)a.n,
+        qg::log_once("gguf repack to %s on %s: format=%s n=%lld k=%lld",
+                     a.layout == QG_GGUF_LAYOUT_ROWS8 ? "rows8" : "frag", where, format_name(a.format), (ll)a.n,
                      (ll)a.k);
     }
-    static void host(const qg_gguf_repack_args& a) { qg::gguf_repack_frag_host(a); }
+    static void host(const qg_gguf_repack_args& a) {
+        if (a.layout == QG_GGUF_LAYOUT_ROWS8) return qg::gguf_repack_rows8_host(a);
+        qg::gguf_repack_frag_host(a);
+    }
 #if defined(QG_HAVE_GPU)
     static qg_status gpu(const qg_context* c, const qg_gguf_repack_args& a, qg_stream s) {
         return qg::gpu_gguf_repack(c, a, s);
@@ -1410,6 +1447,12 @@ QG_API qg_status qg_gguf_repack_size(const qg_gguf_repack_args* args, size_t* w_
         QG_TRY(read_args(args, &a));
         QG_CHECK(w_bytes != nullptr && scales_bytes != nullptr, "w_bytes and scales_bytes must not be NULL");
         QG_TRY(check_gguf_repack(a, false));
+        if (a.layout == QG_GGUF_LAYOUT_ROWS8) {
+            const GgufFormat* f = gguf_format(a.format);
+            *w_bytes = (size_t)qg::gguf_rows8::plane_bytes(a.n, a.k / f->elems, f->bytes);
+            *scales_bytes = 0;
+            return QG_OK;
+        }
         const qg::frag::Geometry geo(a.n, a.k, 32);
         *w_bytes = (size_t)qg::gguf_frag::weights_plane_bytes(a.format, geo);
         *scales_bytes = (size_t)qg::gguf_frag::scales_plane_bytes(a.format, geo);

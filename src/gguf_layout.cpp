@@ -2,14 +2,17 @@
 // (qg_gguf_repack on a CPU context) and its inverse, which lets the CPU tier serve a
 // frag-layout call. The frag planes are the W4A16 ones of G = 32 (src/formats/gguf_frag.h);
 // pyquant/formats/gguf_frag.py is the specification the tests hold both directions to, byte
-// for byte.
+// for byte. And the repack into the rows8 layout (src/formats/gguf_rows8.h), the CPU tier's
+// own, which cpu_gguf_gemm reads as it is.
 #include <stdint.h>
 #include <string.h>
 
 #include <memory>
 #include <new>
 
+#include "formats/gguf_formats.h"
 #include "formats/gguf_frag.h"
+#include "formats/gguf_rows8.h"
 #include "formats/iq_tables.h"
 #include "formats/w4a16_frag.h"
 #include "frag_planes.h"
@@ -109,6 +112,21 @@ void gguf_repack_frag_host(const qg_gguf_repack_args& a) {
             out_s[i] = ff.field(block, 0);
             out_s[i + 2] = ff.field(block, 1);
         });
+}
+
+void gguf_repack_rows8_host(const qg_gguf_repack_args& a) {
+    const GgufFormat* f = gguf_format(a.format);
+    const int64_t nb = a.k / f->elems, bytes = f->bytes, n_pad = gguf_rows8::padded_rows(a.n);
+    const uint8_t* w = static_cast<const uint8_t*>(a.w);
+    uint8_t* out = static_cast<uint8_t*>(a.out_w);
+    for (int64_t n = 0; n < n_pad; ++n)
+        for (int64_t b = 0; b < nb; ++b) {
+            uint8_t* dst = out + gguf_rows8::block_offset(n, b, nb, bytes);
+            if (n < a.n)
+                memcpy(dst, w + n * a.ldw + b * bytes, static_cast<size_t>(bytes));
+            else
+                memset(dst, 0, static_cast<size_t>(bytes));  // padding: scale 0, adds nothing
+        }
 }
 
 // CPU tier on a frag-layout weight: the .gguf blocks rebuilt in host memory of the weight's

@@ -1,7 +1,7 @@
 // The GGUF tier table and its auto policy (src/tier_table.h says how a call is routed).
 //
 //   name             option  where
-//   cpu              -       CPU contexts (src/cpu/gguf.cpp)
+//   cpu              -       CPU contexts (src/cpu/gguf.cpp; every layout, rows8 its own)
 //   <gpu>:float      1       every GPU: x kept in fp32, SIMT decode (hip/gguf.hip)
 //   <gpu>:int8_mma   2       NVIDIA sm_80+: x quantized to int8 per 32, mma.sync (hip/gguf_mma.hip)
 //   <gpu>:prefill_wgmma 3    NVIDIA sm_90a, bf16 x: weights dequantized to bf16 tiles, wgmma

@@ -78,6 +78,9 @@ qg_status cpu_mxfp4_gemm_frag(const qg_context* ctx, const qg_mxfp4_gemm_args* a
 // to the .gguf blocks, then cpu_gguf_gemm).
 void gguf_repack_frag_host(const qg_gguf_repack_args& a);
 qg_status cpu_gguf_gemm_frag(const qg_context* ctx, const qg_gguf_gemm_args* a);
+// qg_gguf_repack into the rows8 layout (src/formats/gguf_rows8.h), which cpu_gguf_gemm reads
+// as it is (src/gguf_layout.cpp).
+void gguf_repack_rows8_host(const qg_gguf_repack_args& a);
 // qg_moe_repack on a CPU context: every part of every expert as mxfp4_repack_frag_host
 // writes a dense weight (src/mxfp4_layout.cpp).
 void moe_repack_frag_host(const qg_moe_repack_args& a);

@@ -258,6 +258,8 @@ for key in json.loads(str(d["keys"])):
     else:
         raw = d[fmt + "/raw"]
         w = pyquant.from_gguf(fmt, raw, shape=(raw.shape[0], x.shape[1]))
+        if m.endswith("r"):
+            w = w.repack("rows8")
     out[key] = pyquant.gemm(x, w, out_dtype=np.float32)
 np.savez(sys.argv[2], **out)
 """
@@ -266,7 +268,8 @@ np.savez(sys.argv[2], **out)
 def test_every_isa_level_gives_the_same_bits(rng, tmp_path, int8_ctx, assert_bitwise_equal):
     """One fresh process per QG_CPU_ISA cap and rows kernel copy (ISA_RUNS: both are chosen
     once per process), each computing every format at M = 1, 2 (small-M kernels; N = 40
-    ends in a panel of 8 rows) and 5, 40 (panel kernels), and q8_0 and q4_K once more at
+    ends in a panel of 8 rows) and 5, 40 (panel kernels), every GGUF format once more at those
+    M on its rows8 layout (key suffix r), and q8_0 and q4_K once more at
     M = 1 and 40 on float32 edge_x (the activation quantizer's edges), as this process does (its widest
     level, ymm rows); every result must be the model's (cpu_int8.gemm) bit for bit. A cap
     above what the machine has changes nothing; the level and rows kernel each child ran
@@ -279,14 +282,19 @@ def test_every_isa_level_gives_the_same_bits(rng, tmp_path, int8_ctx, assert_bit
         names = {"int4": ("qweight", "scales", "qzeros"), "mxfp4": ("blocks", "scales")}.get(fmt, ("raw",))
         for name, a in zip(names, args):
             arrays[f"{fmt}/{name}"] = np.zeros(0) if a is None else a
-        for m in (1, 2, 5, 40) + ((1, 40) if fmt in ("q8_0", "q4_K") else ()):
-            edge = m in (1, 40) and f"{fmt}/{m}" in keys  # the second time: edge_x (float32)
-            key = f"{fmt}/{m}" + ("e" if edge else "")
+        rows8 = (1, 2, 5, 40) if fmt not in ("int4", "mxfp4") else ()  # GGUF: the rows8 layout too
+        for m in (1, 2, 5, 40) + ((1, 40) if fmt in ("q8_0", "q4_K") else ()) + rows8:
+            edge = (fmt in ("q8_0", "q4_K") and m in (1, 40) and f"{fmt}/{m}" in keys
+                    and f"{fmt}/{m}e" not in keys)  # the second time: edge_x (float32)
+            r8 = f"{fmt}/{m}" in keys and not edge
+            key = f"{fmt}/{m}" + ("e" if edge else "r" if r8 else "")
             x = edge_x(rng, m, k, F32) if edge else random_x(rng, m, k, F16)
             arrays[key + "/x"] = x
             keys.append(key)
             want[key], _ = model(x, fmt, args, kw, F32)
-            assert_bitwise_equal(pyquant.gemm(x, w, out_dtype=np.float32), want[key], f"this process: {key}")
+            wk = w.repack("rows8") if r8 else w
+            assert len(set(keys)) == len(keys), key
+            assert_bitwise_equal(pyquant.gemm(x, wk, out_dtype=np.float32), want[key], f"this process: {key}")
     src = tmp_path / "in.npz"
     np.savez(src, keys=json.dumps(keys), **arrays)
     ran = {}

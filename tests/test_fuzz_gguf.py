@@ -11,6 +11,8 @@ w_scales and layout, so the frag fields past its end are not read and w holds th
 CPU context a valid frag call must give the output of the same call on the block layout bit for
 bit (the CPU tier unpacks the planes to those blocks), and both the reference within its bound.
 The case counter lists the calls that read the frag layout apart ("qg_gguf_gemm [frag]").
+The rows8 layout (QG_GGUF_LAYOUT_ROWS8, the CPU tier's) is not drawn here: its calls are the
+block layout's with the blocks moved, tested by tests/test_gguf_rows8_layout.py.
 
 tests/fuzz_harness.py says how the fuzz works (the VALID / INVALID / EITHER model, the
 forked worker, the guard bands) and holds what the families share.
@@ -47,7 +49,8 @@ GGUF_SPECS = {s.qg_format: s for s in FORMATS.values() if s.kind == "gguf"}
 BLOCKS, FRAG = int(L.GGUFLayout.QG_GGUF_LAYOUT_BLOCKS), int(L.GGUFLayout.QG_GGUF_LAYOUT_FRAG)
 FRAG_FORMATS = sorted(f for f, fs in GGUF_SPECS.items() if fs.name in gguf_frag.FORMATS)
 NO_FRAG_FORMATS = sorted(set(GGUF_SPECS) - set(FRAG_FORMATS))   # GGUF formats without a frag layout
-NOT_LAYOUT = (2, -1, 7, 2 ** 31 - 1, -2 ** 31)                 # no qg_gguf_layout value
+ROWS8 = int(L.GGUFLayout.QG_GGUF_LAYOUT_ROWS8)                 # drawn only as a value the check accepts
+NOT_LAYOUT = (3, -1, 7, 2 ** 31 - 1, -2 ** 31)                 # no qg_gguf_layout value
 FRAG_PTR_FAULTS = ("null", "mis", "shift")                     # the planes need 16-byte alignment
 
 
@@ -139,7 +142,7 @@ def gguf_expect(s, pointers=True):
     layout = layout_read(L.qg_gguf_gemm_args, s)
     frag = layout == FRAG
     exp.bad(fs is None, "format")
-    exp.bad(layout not in (BLOCKS, FRAG), "layout")
+    exp.bad(layout not in (BLOCKS, FRAG, ROWS8), "layout")
     exp.bad(frag and fs is not None and fs.name not in gguf_frag.FORMATS, "format")
     gemm_sizes_expect(exp, m, n, k)
     if fs is not None:

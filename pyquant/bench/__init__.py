@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"registry formats: {', '.join(C.BENCH_FORMATS)}")
     sel.add_argument("--variant", type=_csv(str), action="append", metavar="V",
                      help="w4a16: g{32|64|128}-{sym|asym}-{fp16|bf16}; gguf/mxfp4: fp32|fp16|bf16 (gguf also "
-                          "{fp32|fp16|bf16}-blocks: the .gguf blocks on a GPU where q8_0, q4_0, q4_K, iq4_xs or q6_K would be repacked); "
+                          "{fp32|fp16|bf16}-blocks: the .gguf blocks on a GPU where q8_0, q4_0, q4_K, iq4_xs or q6_K would be repacked; "
+                          "{fp32|fp16|bf16}-rows8: the CPU tier's rows8 layout, repacked once); "
                           "moe: gpt-oss-120b|gpt-oss-20b")
     sel.add_argument("--shape", type=_csv(C.parse_shape), action="append", metavar="NxK",
                      help="weight shapes N x K, e.g. 14336x4096 (replace the standard shapes; "

@@ -16,7 +16,9 @@ Row naming (DESIGN.md): family in w4a16 / gguf / mxfp4 / moe; format a registry 
 variant for w4a16 `g{G}-{sym|asym}-{fp16|bf16}`, for gguf and mxfp4 the activation dtype,
 for moe the model shape with m = tokens, n = 2 * intermediate, k = hidden. A gguf variant
 `{dtype}-blocks` keeps the .gguf blocks on a GPU where the format has a frag layout too
-(every GGUF format: to_device() repacks them otherwise), so both layouts' tiers can be measured side by side.
+(every GGUF format: to_device() repacks them otherwise), so both layouts' tiers can be measured side by side;
+`{dtype}-rows8` repacks the blocks into the CPU tier's rows8 layout (GGUFWeight.repack("rows8"); the CPU
+backend only), against the blocks the plain variant keeps there.
 """
 from __future__ import annotations
 
@@ -121,6 +123,7 @@ def parse_w4a16_variant(variant: str) -> W4A16Variant:
 
 
 GGUF_BLOCKS = "-blocks"   # gguf variant suffix: the .gguf block layout on a GPU (module docstring)
+GGUF_ROWS8 = "-rows8"     # gguf variant suffix: the rows8 layout on the CPU (module docstring)
 
 
 def gguf_keeps_blocks(case: Case) -> bool:
@@ -129,9 +132,17 @@ def gguf_keeps_blocks(case: Case) -> bool:
     return case.family == "gguf" and (case.variant.endswith(GGUF_BLOCKS) or act_dtype(case) == "fp32")
 
 
+def gguf_rows8(case: Case) -> bool:
+    """A gguf case that runs on the rows8 layout (the CPU tier's): asked by its variant."""
+    return case.family == "gguf" and case.variant.endswith(GGUF_ROWS8)
+
+
 def _gguf_blocks_dtype(variant: str) -> str | None:
-    """The activation dtype of a gguf `{dtype}-blocks` variant, else None."""
-    return variant[: -len(GGUF_BLOCKS)] if variant.endswith(GGUF_BLOCKS) else None
+    """The activation dtype of a gguf `{dtype}-blocks` or `{dtype}-rows8` variant, else None."""
+    for suffix in (GGUF_BLOCKS, GGUF_ROWS8):
+        if variant.endswith(suffix):
+            return variant[: -len(suffix)]
+    return None
 
 
 def act_dtype(case: Case) -> str:
@@ -158,7 +169,8 @@ def check_variant(family: str, variant: str) -> None:
         return
     elif variant not in DTYPE_BYTES:
         raise ValueError(f"{family} variant {variant!r} is not one of {', '.join(DTYPE_BYTES)}"
-                         + (f" (with {GGUF_BLOCKS}: the block layout on a GPU)" if family == "gguf" else ""))
+                         + (f" (with {GGUF_BLOCKS}: the block layout on a GPU; with {GGUF_ROWS8}: the "
+                            "rows8 layout on the CPU)" if family == "gguf" else ""))
 
 
 def check_case(case: Case) -> None:

@@ -124,12 +124,12 @@ def _counted_nbytes(w) -> int:
     frag GGUF weight is charged its blocks (q4_K's and iq4_xs's 6-bit fields are bytes there: 4.625
     bits per weight against the blocks' 4.5 and 4.25; q6_K's codes are bytes: 8.625 bits against
     6.5625; q4_0's and q8_0's planes hold the blocks' bits, plus the padding of N to 16 and K to
-    128: pyquant/formats/gguf_frag.py)."""
+    128: pyquant/formats/gguf_frag.py), and a rows8 weight its blocks (the plane pads N to 8)."""
     bias = 0 if getattr(w, "bias", None) is None else int(w.bias.nbytes)
     if getattr(w, "format", None) == "mxfp4" and w.layout == "frag":
         n, k = w.shape
         return n * (k // 32) * 17 + bias
-    if getattr(w, "spec", None) is not None and w.spec.kind == "gguf" and w.layout == "frag":
+    if getattr(w, "spec", None) is not None and w.spec.kind == "gguf" and w.layout in ("frag", "rows8"):
         n, k = w.shape
         return n * (k // w.spec.block_elems) * w.spec.block_bytes + bias
     return w.nbytes
@@ -216,6 +216,8 @@ class LibraryRunner:
                 layout = "canonical" if C.gguf_keeps_blocks(case) else "auto"
                 w = (self.pq.moe_repack(*w, "interleaved", ctx=self.ctx) if isinstance(w, tuple)
                      else w.to_device(self.ctx, layout=layout))
+            elif C.gguf_rows8(case):  # the CPU tier's rows8 layout (host memory, as the blocks)
+                w = w.repack("rows8")
             ws.append(w)
         if self.gpu and (case.family in ("w4a16", "mxfp4") or getattr(ws[0], "layout", None) == "frag"):
             self._time_repack(case, ws[0])

@@ -59,6 +59,12 @@ QG_AVX2_INLINE void prefetch_row(const void* next, int64_t off) { _mm_prefetch((
 // start instead (rows consecutive in memory) measured 1.0-1.24: the prefetches row by row
 // are what pays.
 constexpr int64_t AHEAD2_BYTES = 16384;
+// How far ahead a pass that is one range in memory (the rows8 layout: consecutive passes
+// follow each other too) prefetches its own stream, in bytes. q6_K M = 1 cold on 2 threads,
+// 4 KiB pages, against the blocks (bench/NOTES.md, "CPU q6_K repacked rows"): 24 KiB
+// 4096 x 1280 0.68-0.80, 1024 x 3584 0.98-1.02, 1280 x 5376 0.87-1.09; one pass ahead
+// (two where a pass is short, as the blocks do) 0.76-0.88, 1.04-1.10, 1.0-1.03.
+constexpr int64_t STREAM_AHEAD_BYTES = 24576;
 
 // Rows r (low 128 bits) and r + 4 (high) of 16 bytes each.
 QG_AVX2_INLINE __m256i load2(const uint8_t* r, const uint8_t* r4) {

@@ -35,7 +35,9 @@ int64_t rows_max_m();
 constexpr int SRC_ROWS = 2 * PANEL_ROWS;
 template <class Block>
 struct GgufSrc {
-    const uint8_t* row[SRC_ROWS];  // row starts
+    const uint8_t* row[SRC_ROWS];                // where each row's block 0 starts
+    int64_t stride = (int64_t)sizeof(Block);     // bytes from a block of a row to its next: the
+                                                 // .gguf rows', or 8 blocks (the rows8 layout)
 };
 struct Mxfp4Src {
     const uint8_t* blocks[SRC_ROWS];    // [K/32][16] of each row

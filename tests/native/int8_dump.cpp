@@ -3,7 +3,8 @@
 // (small-M kernels), 3, 5, 17 (panel kernels, tails of 4 and 2 rows), 32, 64, 70 (AMX
 // tiles where the CPU has them, plus a VNNI tail). .ci/isa_check.sh runs it under every
 // QG_CPU_ISA cap and against libraries built by GCC and clang, and requires identical
-// files: every ISA level computes the same bits. Inputs are finite (the non-finite
+// files: every ISA level computes the same bits. Every GGUF weight runs twice, in its
+// blocks and in the rows8 layout (qg_gguf_repack), which must give the blocks' bits. Inputs are finite (the non-finite
 // fallback is the fp32-exact path, which is not bit-identical across ISA levels).
 #include <stdio.h>
 #include <string.h>
@@ -69,9 +70,22 @@ int main(int argc, char** argv) {
                 d[1] = (uint8_t)(0x14 | (g() & 0x3) | (g() & 0x80));
             }
         }
+        // the same weight in the rows8 layout (qg_gguf_repack): its results follow the blocks'
+        // and must equal them
+        qg_gguf_repack_args r;
+        memset(&r, 0, sizeof r);
+        r.size = sizeof r;
+        r.layout = QG_GGUF_LAYOUT_ROWS8, r.format = fmt.format, r.n = N, r.k = K, r.w = w.data(), r.ldw = ldw;
+        size_t w8_bytes = 0, s8_bytes = 0;
+        ok = ok && check(qg_gguf_repack_size(&r, &w8_bytes, &s8_bytes));
+        std::vector<uint8_t> w8(w8_bytes);
+        r.out_w = w8.data();
+        ok = ok && check(qg_gguf_repack(ctx, &r, nullptr));
+        std::vector<float> y8;
         for (int64_t m : MS) {
             std::vector<uint16_t> x = activations(m, g);
             y.assign((size_t)(m * N), 0.0f);
+            y8.assign((size_t)(m * N), -1.0f);
             qg_gguf_gemm_args a;
             memset(&a, 0, sizeof a);
             a.size = sizeof a;
@@ -81,6 +95,14 @@ int main(int argc, char** argv) {
             a.x = x.data(), a.ldx = K, a.w = w.data(), a.ldw = ldw, a.y = y.data(), a.ldy = N;
             ok = ok && check(qg_gguf_gemm(ctx, &a, nullptr));
             fwrite(y.data(), sizeof(float), y.size(), f);
+            a.layout = QG_GGUF_LAYOUT_ROWS8, a.w = w8.data(), a.ldw = 0, a.y = y8.data();
+            ok = ok && check(qg_gguf_gemm(ctx, &a, nullptr));
+            fwrite(y8.data(), sizeof(float), y8.size(), f);
+            if (memcmp(y.data(), y8.data(), y.size() * sizeof(float)) != 0) {
+                fprintf(stderr, "int8_dump: format %d m=%lld: the rows8 layout's bits differ from the blocks'\n",
+                        (int)fmt.format, (long long)m);
+                ok = false;
+            }
         }
     }
     {  // MXFP4: E8M0 scales 2^-4 .. 2^3
