@@ -446,18 +446,15 @@ qg_status check_gguf_repack(const qg_gguf_repack_args& a, bool pointers) {
              t(a.layout == QG_GGUF_LAYOUT_BLOCKS ? "QG_GGUF_LAYOUT_BLOCKS" : nullptr, a.layout));
     const GgufFormat* f = nullptr;
     QG_TRY(check_gguf_format(a.format, &f));
-    if (a.layout == QG_GGUF_LAYOUT_ROWS8) {
-        QG_TRY(check_positive("n", a.n));
-        QG_TRY(check_positive("k", a.k));
-        QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name,
-                 f->elems);
-        QG_CHECK(a.k / f->elems <= INT64_MAX / f->bytes, "k=%lld is too large: a row's bytes overflow int64", (ll)a.k);
-        return check_gguf_repack_rows8(a, f, pointers);
-    }
-    QG_TRY(check_gguf_frag_format(f));
+    const bool rows8 = a.layout == QG_GGUF_LAYOUT_ROWS8;
+    if (!rows8) QG_TRY(check_gguf_frag_format(f));
     QG_TRY(check_positive("n", a.n));
     QG_TRY(check_positive("k", a.k));
     QG_CHECK(a.k % f->elems == 0, "k=%lld is not a multiple of the %s block (%d elements)", (ll)a.k, f->name, f->elems);
+    if (rows8) {
+        QG_CHECK(a.k / f->elems <= INT64_MAX / f->bytes, "k=%lld is too large: a row's bytes overflow int64", (ll)a.k);
+        return check_gguf_repack_rows8(a, f, pointers);
+    }
     QG_TRY(check_extent("k", a.k + qg::frag::kKChunk, "out_w (k/2 or k bytes per padded row)", a.n + qg::frag::kRowBlock, 1));
     if (!pointers) return QG_OK;
     QG_TRY(check_gguf_rows(f, a.k, a.ldw));

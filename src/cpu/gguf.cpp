@@ -39,9 +39,13 @@ void gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, const char* na
     const auto row_at = [&](int64_t n) {
         return rows8 ? w + gguf_rows8::block_offset(n, 0, nb, sizeof(Block)) : w + n * ldw;
     };
+    // row n's blocks of k0 .. k0 + kc as one run in memory (the row decoders' source): in
+    // place in the .gguf rows, gathered into this thread's buffer from a rows8 plane
+    const auto run_at = [&](int64_t n, int64_t k0, int64_t kc) {
+        return rows8 ? rows8_run<Block>(w, n, k0 / E, kc / E, nb) : row_at(n) + k0 / E * (int64_t)sizeof(Block);
+    };
     const auto fdecode = [&](int64_t n, int64_t k0, int64_t kc, float* dst) {
-        if (rows8) return cpu::decode_row_blocks<Block>(rows8_run<Block>(w, n, k0 / E, kc / E, nb), 0, kc / E, dst);
-        cpu::decode_row_blocks<Block>(w + n * ldw, k0 / E, kc / E, dst);
+        cpu::decode_row_blocks<Block>(run_at(n, k0, kc), 0, kc / E, dst);
     };
     const cpu::OutputStore store = cpu::output_store(a);
     if (!cpu::use_int8(ctx)) return cpu::dense_gemm(ctx, a->m, a->n, a->k, a->x_dtype, a->x, a->ldx, fdecode, store);
@@ -55,8 +59,7 @@ void gguf_gemm(const qg_context* ctx, const qg_gguf_gemm_args* a, const char* na
             return src;
         },
         [&](int64_t n, int64_t k0, int64_t kc, const cpu::Int8Out& out) {
-            if (rows8) return cpu::decode_int8_row<Block>(rows8_run<Block>(w, n, k0 / E, kc / E, nb), 0, kc / E, out);
-            return cpu::decode_int8_row<Block>(w + n * ldw, k0 / E, kc / E, out);
+            return cpu::decode_int8_row<Block>(run_at(n, k0, kc), 0, kc / E, out);
         },
         fdecode, store);
 }
