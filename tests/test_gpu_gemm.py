@@ -230,6 +230,31 @@ def test_w4a16_gpu_forced_split_k(rng, gpu_ctx, split_k, layout, poisoned_output
         gpu_ctx.set_option("split_k", 0)
 
 
+@pytest.mark.parametrize("split_k", [0, 17, 32])
+def test_w4a16_gpu_frag_decode_fixup(rng, gpu_ctx, split_k, poisoned_output, assert_close):
+    """decode_frag's fix-up with many contributors a row tile: K = 4096 is 32 chunks and
+    N = 264 two row tiles, so split_k = 17 and 32 give a row tile 17 and 32 contributors (the
+    last to arrive loads 8 at a time: three and four rounds, the last one partial at 17), and
+    auto (0) at M >= 2 the split grid of few row tiles (SMs / 2 blocks a row tile, capped at
+    the 32 chunks), M = 1 the persistent grid. M = 1, 2, 4, 5, 8, 9 and 16: one, two and four
+    float4 slots a thread. Every call twice on one workspace (the counters re-arm, the slots
+    are cleared once read); the bound is the decode tier's."""
+    _need("w4a16")
+    n, k, g = 264, 4096, 128
+    w = random_int4(rng, n, k, g, False, BF16)
+    wd = w.to_device(gpu_ctx, layout="frag")
+    gpu_ctx.set_option("split_k", split_k)
+    try:
+        for m in (1, 2, 4, 5, 8, 9, 16):
+            x = random_x(rng, m, k, BF16)
+            xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
+            for repeat in range(2):
+                y = _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32)
+                check_w4a16(y, x, w, F32, f"w4a16 frag split_k={split_k} m={m} call {repeat}", assert_close, None)
+    finally:
+        gpu_ctx.set_option("split_k", 0)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_w4a16_gpu_one_hot(rng, gpu_ctx, layout, assert_bitwise_equal):
     """x = one-hot rows: (q - z) * s is formed once in fp32 from exact factors, so y (fp32)

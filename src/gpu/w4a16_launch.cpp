@@ -230,6 +230,19 @@ bool frag_launch::decode_usable(const qg_context* ctx, const Args& a, const char
 
 namespace {
 
+// The persistent grid (every resident block, stream-K over the (row tile, chunk) units) shares
+// each row tile among blocks / row_tiles contributors, and the last to arrive adds their
+// partial sums (M x 256 floats each) at the end of the kernel. With few row tiles and more
+// than one token, a split grid of one block an SM (row_tiles x s blocks, s = SMs / row_tiles:
+// each block about K / s of one row tile) halves the contributors and measured faster
+// (H100, g128 asym bf16, bench/NOTES.md session 52): 4096x14336 (16 row tiles, s = 8) M = 4 / 8
+// / 16 -5 / -14 / -22 %, 2048x8192 (s = 16) M = 2 / 4 / 16 -14 / -23 / -47 %, 4096x11008 M = 4 /
+// 16 -9 / -27 %, 3584x18944 (s = 9) M = 16 -17 %; at M = 1 -8 .. +5 %, so M = 1 keeps the
+// persistent grid, and 5376x21504 (21 row tiles, s = 6) gained under 5 % at M = 16 and lost 7 %
+// at M = 2, so fewer than 8 blocks a row tile keep it too.
+constexpr int64_t kSplitGridMinM = 2;
+constexpr int64_t kSplitGridMinSplit = 8;
+
 struct FragPlan {
     int mt = 1, k_chunks = 0, row_blocks = 0, row_tiles = 0, blocks = 0, max_contributors = 1;
 };
@@ -246,8 +259,11 @@ bool frag_plan(const qg_context* ctx, const Args& a, int code, FragPlan* plan) {
     const int resident = std::min(frag_resident(ctx, x_type, plan->mt, a.group_size, asym, code),
                                   frag_resident(ctx, x_type, 1, a.group_size, asym, code));
     if (resident == 0) return false;
-    int64_t blocks = static_cast<int64_t>(std::max(ctx->sm_count, 1)) * resident;
+    const int64_t sms = std::max(ctx->sm_count, 1);
+    int64_t blocks = sms * resident;
     if (ctx->split_k > 0) blocks = static_cast<int64_t>(plan->row_tiles) * ctx->split_k;
+    else if (a.m >= kSplitGridMinM && sms / plan->row_tiles >= kSplitGridMinSplit)
+        blocks = static_cast<int64_t>(plan->row_tiles) * (sms / plan->row_tiles);
     blocks = std::max<int64_t>(1, std::min(blocks, units));
     plan->blocks = static_cast<int>(blocks);
     plan->max_contributors = most_contributors(plan->row_tiles, plan->k_chunks, blocks);
