@@ -230,17 +230,19 @@ def test_w4a16_gpu_forced_split_k(rng, gpu_ctx, split_k, layout, poisoned_output
         gpu_ctx.set_option("split_k", 0)
 
 
-@pytest.mark.parametrize("split_k", [0, 17, 32])
-def test_w4a16_gpu_frag_decode_fixup(rng, gpu_ctx, split_k, poisoned_output, assert_close):
+@pytest.mark.parametrize("n,split_k", [(264, 0), (264, 17), (264, 32), (2056, 0)])
+def test_w4a16_gpu_frag_decode_fixup(rng, gpu_ctx, n, split_k, poisoned_output, assert_close):
     """decode_frag's fix-up with many contributors a row tile: K = 4096 is 32 chunks and
     N = 264 two row tiles, so split_k = 17 and 32 give a row tile 17 and 32 contributors (the
-    last to arrive loads 8 at a time: three and four rounds, the last one partial at 17), and
-    auto (0) at M >= 2 the split grid of few row tiles (SMs / 2 blocks a row tile, capped at
-    the 32 chunks), M = 1 the persistent grid. M = 1, 2, 4, 5, 8, 9 and 16: one, two and four
-    float4 slots a thread. Every call twice on one workspace (the counters re-arm, the slots
-    are cleared once read); the bound is the decode tier's."""
+    last to arrive loads 8 at a time: three and four rounds, the last one partial at 17); auto
+    (0) there gives every block one chunk at any M. N = 2056 is nine row tiles, the last one
+    8 rows: auto at M = 1 runs the persistent grid (264 blocks: one or two chunks each), at
+    M >= 2 the split grid of few row tiles (132 SMs: 14 blocks a row tile, 2.3 chunks each, so
+    blocks straddle two row tiles). M = 1, 2, 4, 5, 8, 9 and 16: one, two and four float4 slots
+    a thread. Every call twice on one workspace (the counters re-arm, the slots are cleared once
+    read); the bound is the decode tier's."""
     _need("w4a16")
-    n, k, g = 264, 4096, 128
+    k, g = 4096, 128
     w = random_int4(rng, n, k, g, False, BF16)
     wd = w.to_device(gpu_ctx, layout="frag")
     gpu_ctx.set_option("split_k", split_k)
