@@ -214,18 +214,24 @@ def test_w4a16_gpu_forced_split_k(rng, gpu_ctx, split_k, layout, poisoned_output
     blocks (stream-K: partial sums added by the block holding the tile's last k-chunk, slots
     zeroed once read)."""
     _need("w4a16")
-    n, k, g = 264, 2048, 128
-    w = random_int4(rng, n, k, g, False, BF16)
+    _check_split_k_calls(rng, gpu_ctx, poisoned_output, assert_close, 264, 2048, layout, split_k, (1, 7, 16, 40, 300))
+
+
+def _check_split_k_calls(rng, gpu_ctx, poisoned_output, assert_close, n, k, layout, split_k, ms):
+    """A random g128 asymmetric weight n x k in `layout`, the split_k option set (0: auto), each
+    M in `ms` called twice on one workspace against the reference (the prefill where auto may
+    take it)."""
+    w = random_int4(rng, n, k, 128, False, BF16)
     wd = w.to_device(gpu_ctx, layout=layout)
     gpu_ctx.set_option("split_k", split_k)
     try:
-        for m in (1, 7, 16, 40, 300):
+        for m in ms:
             x = random_x(rng, m, k, BF16)
             xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
             for repeat in range(2):
                 y = _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32)
-                check_w4a16(y, x, w, F32, f"w4a16 split_k={split_k} m={m} call {repeat}", assert_close,
-                            _prefill_may_run(layout, 0, m))
+                check_w4a16(y, x, w, F32, f"w4a16 {layout} {n}x{k} split_k={split_k} m={m} call {repeat}",
+                            assert_close, _prefill_may_run(layout, 0, m))
     finally:
         gpu_ctx.set_option("split_k", 0)
 
@@ -242,19 +248,7 @@ def test_w4a16_gpu_frag_decode_fixup(rng, gpu_ctx, n, split_k, poisoned_output, 
     a thread. Every call twice on one workspace (the counters re-arm, the slots are cleared once
     read); the bound is the decode tier's."""
     _need("w4a16")
-    k, g = 4096, 128
-    w = random_int4(rng, n, k, g, False, BF16)
-    wd = w.to_device(gpu_ctx, layout="frag")
-    gpu_ctx.set_option("split_k", split_k)
-    try:
-        for m in (1, 2, 4, 5, 8, 9, 16):
-            x = random_x(rng, m, k, BF16)
-            xd = pyquant.DeviceArray.from_numpy(x, gpu_ctx)
-            for repeat in range(2):
-                y = _guarded_gemm(gpu_ctx, poisoned_output, xd, wd, m, n, F32)
-                check_w4a16(y, x, w, F32, f"w4a16 frag split_k={split_k} m={m} call {repeat}", assert_close, None)
-    finally:
-        gpu_ctx.set_option("split_k", 0)
+    _check_split_k_calls(rng, gpu_ctx, poisoned_output, assert_close, n, 4096, "frag", split_k, (1, 2, 4, 5, 8, 9, 16))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -260,10 +260,10 @@ bool frag_plan(const qg_context* ctx, const Args& a, int code, FragPlan* plan) {
                                   frag_resident(ctx, x_type, 1, a.group_size, asym, code));
     if (resident == 0) return false;
     const int64_t sms = std::max(ctx->sm_count, 1);
-    int64_t blocks = sms * resident;
-    if (ctx->split_k > 0) blocks = static_cast<int64_t>(plan->row_tiles) * ctx->split_k;
-    else if (a.m >= kSplitGridMinM && sms / plan->row_tiles >= kSplitGridMinSplit)
-        blocks = static_cast<int64_t>(plan->row_tiles) * (sms / plan->row_tiles);
+    int64_t split = ctx->split_k;  // blocks a row tile of a split grid; 0: the persistent grid
+    if (split == 0 && a.m >= kSplitGridMinM && sms / plan->row_tiles >= kSplitGridMinSplit)
+        split = sms / plan->row_tiles;
+    int64_t blocks = split > 0 ? plan->row_tiles * split : sms * resident;
     blocks = std::max<int64_t>(1, std::min(blocks, units));
     plan->blocks = static_cast<int>(blocks);
     plan->max_contributors = most_contributors(plan->row_tiles, plan->k_chunks, blocks);
