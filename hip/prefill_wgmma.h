@@ -274,6 +274,23 @@ struct RingPos {
     }
 };
 
+// The x ring of a kernel, in the shared memory of PrefillSmem<BN>: stages of TILES 64-k tiles
+// (TMA boxes of BN tokens x 64 k, 128 bytes a token), one `full` and one `empty` mbarrier a
+// stage. The folded kernels of 64 and 128 tokens take a 128-k chunk a stage (TILES = 2): one
+// barrier wait, one copy issue, one release and one ring step a chunk instead of a 64-k step
+// (their loop's own instructions, not the dequant, were ~100 of a step's ~160: bench/NOTES.md,
+// session 52), the ring half as many stages of twice the bytes, so 2 chunks (4 steps) in flight
+// instead of 6 steps. The group-sum kernels wait inside a step (a group ends there), and the
+// 256-token ones have 5 stages of 32 KB already: a 64-k step a stage.
+template <int BN, int FOLD>
+struct XStages {
+    static constexpr int TILES = FOLD != FOLD_NONE && BN <= 128 ? 2 : 1;
+    static constexpr int STAGES = PrefillSmem<BN>::STAGES / TILES;
+    static constexpr int TILE_BYTES = PrefillSmem<BN>::B_BYTES;
+    static constexpr int BYTES = TILES * TILE_BYTES;
+    static_assert(STAGES >= 3, "a stage is refilled two stages after its release");
+};
+
 // One segment of a block's work: chunks [kc0, kc0 + KC) of K for the block's 128 rows (warp w:
 // row block rbw, in N where rb_in) and the BN tokens from tok0, summed into acc (zeroed here).
 // ks counts the steps of the block's earlier segments: the x ring's stages and mbarrier parities
@@ -283,23 +300,25 @@ template <int XT, int BN, int G, bool ASYM, int CODE, int FOLD>
 __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map& tmap_x, const PrefillParams& p,
                                             const XRing& ring, int tok0, int rbw, bool rb_in, int kc0, int KC,
                                             int& ks) {
-    typedef PrefillSmem<BN> Sm;
+    typedef XStages<BN, FOLD> Xs;
     constexpr int GC = 128 / G;
-    constexpr int STAGES = Sm::STAGES;
-    constexpr int PD = STAGES - 2;  // x tiles in flight ahead of the current step
+    constexpr int STAGES = Xs::STAGES, TILES = Xs::TILES;
+    constexpr int PD = STAGES - 2;  // stages in flight ahead of the current one
     const int tid = threadIdx.x, lane = tid & 31;
-    const int KT = 2 * KC, k0 = ks;
+    const int KT = 2 * KC / TILES, k0 = ks;  // KT: the segment's stages
 
-    RingPos<STAGES> copy(k0);  // thread 0: the next step to copy, in step order
-    auto issue = [&](int kt) {  // thread 0: x tile of step kt into its stage
+    RingPos<STAGES> copy(k0);  // thread 0: the next stage to copy, in k order
+    auto issue = [&](int kt) {  // thread 0: the x tiles of stage kt of the segment
         const uint32_t full = ring.full + 8 * copy.s;
         if (copy.reused) mbar_wait_at(ring.empty + 8 * copy.s, copy.phase ^ 1);
-        mbar_arrive_expect_tx_at(full, Sm::B_BYTES);
+        mbar_arrive_expect_tx_at(full, Xs::BYTES);
         constexpr int BOX = prefill_box_rows(BN);  // the map's box: BOX tokens x 64 k, 128 bytes a token
 #pragma unroll
-        for (int b = 0; b < BN / BOX; ++b)
-            tma_load_2d_at(ring.tiles + copy.s * Sm::B_BYTES + b * BOX * 128, &tmap_x, full, (2 * kc0 + kt) * 64,
-                           tok0 + b * BOX);
+        for (int i = 0; i < TILES; ++i)
+#pragma unroll
+            for (int b = 0; b < BN / BOX; ++b)
+                tma_load_2d_at(ring.tiles + copy.s * Xs::BYTES + i * Xs::TILE_BYTES + b * BOX * 128, &tmap_x, full,
+                               (2 * kc0 + TILES * kt + i) * 64, tok0 + b * BOX);
         copy.next();
     };
     if (tid == 0)
@@ -322,14 +341,15 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc.d[i] = grp.d[i] = 0.f;
 
-    RingPos<STAGES> use(k0);     // the step the warps compute
-    uint32_t prev = ring.empty;  // `empty` of the step before (FOLD and G = 128 release it)
+    RingPos<STAGES> use(__shfl_sync(0xffffffffu, k0, 0));  // the stage the warps compute (warp-uniform: see below)
+    uint32_t prev = ring.empty;  // `empty` of the stage before (FOLD and G = 128 release it)
     uint32_t a[2][4][4];  // A registers of the chunk's two steps (outside the loop: FOLD keeps one in flight)
     auto run_chunk = [&](const Chunk<GC, chunk_loads(CODE)>& cur, int kc) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int kt = 2 * kc + h;
-            if (tid == 0 && kt + PD < KT) issue(kt + PD);
+            const int kt = (2 * kc + h) / TILES;       // the stage of this 64-k step
+            const bool opens = TILES == 1 || h == 0;   // the step opens its stage
+            if (opens && tid == 0 && kt + PD < KT) issue(kt + PD);
             // zero-points of the four k16 steps: step j of half h is in group (64 h + 16 j) / G
             if constexpr (float32_weights(CODE)) {
                 float32_tile<XT, CODE, GC>(a[h], cur, h);
@@ -351,8 +371,10 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
             if constexpr (FOLD == FOLD_BF16) fold_scales<G, GC>(a[h], cur.s, h);
             if constexpr (FOLD == FOLD_F16) fold_f16_scales<G, GC>(a[h], cur.s, h);
             const uint32_t empty = ring.empty + 8 * use.s;
-            mbar_wait_at(ring.full + 8 * use.s, use.phase);
-            const uint64_t desc = wgmma_desc_k128b_at(ring.tiles + use.s * Sm::B_BYTES);  // k16 step j: + 32 j bytes
+            if (opens) mbar_wait_at(ring.full + 8 * use.s, use.phase);
+            // k16 step j: + 32 j bytes
+            const uint64_t desc =
+                wgmma_desc_k128b_at(ring.tiles + use.s * Xs::BYTES + (TILES == 2 ? h * Xs::TILE_BYTES : 0));
             wgmma_fence();
             if constexpr (FOLD) {
                 // all of K into acc; wait for the previous step only, then release its tile
@@ -361,7 +383,8 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
                 wgmma_commit();
                 wgmma_fence_acc(acc);
                 wgmma_wait<1>();
-                if (lane == 0 && kt > 0) mbar_arrive_at(prev);
+                // every wgmma of the stage before has completed: its tiles back to the ring
+                if (opens && lane == 0 && kt > 0) mbar_arrive_at(prev);
             } else if constexpr (G == 32) {
                 // two groups per step: each is two k16 wgmmas, waited for and scaled
 #pragma unroll
@@ -389,8 +412,10 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
                     }
                 }
             }
-            prev = empty;
-            use.next();
+            if (TILES == 1 || h == 1) {  // the step closes its stage
+                prev = empty;
+                use.next();
+            }
         }
     };
     if constexpr (UNROLL3) {
@@ -694,7 +719,7 @@ prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams 
                   "the GGUF codes' weights are computed in float32 (FOLD_FP32)");
     static_assert(BN < 256 || FOLD, "a 256-token tile leaves no registers for the group sums");
     typedef PrefillSmem<BN> Sm;
-    constexpr int STAGES = Sm::STAGES;
+    constexpr int STAGES = XStages<BN, FOLD>::STAGES;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + Sm::BAR_OFF);
