@@ -11,9 +11,10 @@
 //   - each lane's 16-byte frag tile (its A registers for four k16 steps) comes straight
 //     from global memory into registers, two 128-k chunks ahead of its use, with the
 //     chunk's scale words and zero bytes;
-//   - thread 0 keeps STAGES - 2 x tiles [BN x 64] in flight by TMA (128-byte swizzle,
-//     zero fill past M and K), each completing a `full` mbarrier; every warp releases a
-//     tile through an `empty` mbarrier once the wgmmas reading it have completed;
+//   - thread 0 keeps STAGES - 2 x stages in flight by TMA (tiles [BN x 64], 128-byte swizzle,
+//     zero fill past M and K; a stage is one tile, or two for the folded 64- and 128-token
+//     kernels: XStages), each completing a `full` mbarrier; every warp releases a stage
+//     through an `empty` mbarrier once the wgmmas reading it have completed;
 //   - the nibbles become A registers with the exponent-bias trick (q - z exact), and four
 //     wgmma m64nBNk16 accumulate the quantization group's sum in fp32 (`grp`); at the end
 //     of a group the warpgroup waits for its wgmmas and adds scale * grp into `acc`.
@@ -37,9 +38,9 @@
 // warpgroup keeps one step's wgmmas in flight while it dequantizes the next; the registers of
 // `grp` go to a 256-token tile.
 //
-// The release rule makes the refill safe: the tile refilled at step kt is the one of step
-// kt - 2, which every group (2 steps at most, G = 128) has finished with by the end of
-// step kt - 1, so thread 0 never waits on its own warpgroup's future.
+// The release rule makes the refill safe: the stage refilled at stage kt is the one of stage
+// kt - 2, which every group (2 steps at most, G = 128) and every folded wgmma has finished
+// with by the end of stage kt - 1, so thread 0 never waits on its own warpgroup's future.
 //
 // The kernel template and its lookup have internal linkage (an anonymous namespace): a
 // translation unit that includes this header instantiates only the kernels it looks up. The
@@ -341,7 +342,10 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc.d[i] = grp.d[i] = 0.f;
 
-    RingPos<STAGES> use(__shfl_sync(0xffffffffu, k0, 0));  // the stage the warps compute (warp-uniform: see below)
+    // the stage the warps compute; broadcast from lane 0 (the same value) so that ptxas knows it
+    // warp-uniform and keeps the ring and the wgmma descriptors in uniform registers (SASS:
+    // two uniform instructions a wgmma instead of four, no stack frame; bench/NOTES.md, session 53)
+    RingPos<STAGES> use(__shfl_sync(0xffffffffu, k0, 0));
     uint32_t prev = ring.empty;  // `empty` of the stage before (FOLD and G = 128 release it)
     uint32_t a[2][4][4];  // A registers of the chunk's two steps (outside the loop: FOLD keeps one in flight)
     auto run_chunk = [&](const Chunk<GC, chunk_loads(CODE)>& cur, int kc) {
