@@ -352,7 +352,7 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int kt = (2 * kc + h) / TILES;       // the stage of this 64-k step
-            const bool opens = TILES == 1 || h == 0;   // the step opens its stage
+            const bool opens = h % TILES == 0;          // the step opens its stage
             if (opens && tid == 0 && kt + PD < KT) issue(kt + PD);
             // zero-points of the four k16 steps: step j of half h is in group (64 h + 16 j) / G
             if constexpr (float32_weights(CODE)) {
@@ -378,16 +378,16 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
             if (opens) mbar_wait_at(ring.full + 8 * use.s, use.phase);
             // k16 step j: + 32 j bytes
             const uint64_t desc =
-                wgmma_desc_k128b_at(ring.tiles + use.s * Xs::BYTES + (TILES == 2 ? h * Xs::TILE_BYTES : 0));
+                wgmma_desc_k128b_at(ring.tiles + use.s * Xs::BYTES + (h % TILES) * Xs::TILE_BYTES);
             wgmma_fence();
             if constexpr (FOLD) {
-                // all of K into acc; wait for the previous step only, then release its tile
+                // all of K into acc; wait for the previous step only (at a stage's first step
+                // that is the stage before's last, so its tiles go back to the ring)
 #pragma unroll
                 for (int j = 0; j < 4; ++j) wgmma_m64k16<XT, BN>(acc, a[h][j], wgmma_desc_offset(desc, 32 * j), 1);
                 wgmma_commit();
                 wgmma_fence_acc(acc);
                 wgmma_wait<1>();
-                // every wgmma of the stage before has completed: its tiles back to the ring
                 if (opens && lane == 0 && kt > 0) mbar_arrive_at(prev);
             } else if constexpr (G == 32) {
                 // two groups per step: each is two k16 wgmmas, waited for and scaled
@@ -416,7 +416,7 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
                     }
                 }
             }
-            if (TILES == 1 || h == 1) {  // the step closes its stage
+            if ((h + 1) % TILES == 0) {  // the step closes its stage
                 prev = empty;
                 use.next();
             }
