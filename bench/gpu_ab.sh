@@ -9,8 +9,10 @@
 # 64 MiB a call, and a gzip -1 of a stripped CUDA build is half its size), QG_AB_RUNS (runs
 # of each, default 2), QG_BENCH_ARGS (the cases; default: the W4A16 prefill rows of issue 14
 # with --no-peers), QG_AB_ENV_B (NAME=VALUE settings for B's runs alone: one library, two
-# settings), QG_AB_DIR_A (a checkout whose pyquant A's runs use, where B's tree packs a format
-# version A's library does not read). Output: $OUT/ab.json (every run's rows) and the table printed last, A's
+# settings), QG_AB_ARGS_A (bench arguments added to A's runs alone, e.g. `--option prefill_tile=64`:
+# one library, A forced to the old choice), QG_AB_C (a third library, timed after B in each
+# round, its column C / A), QG_AB_DIR_A (a checkout whose pyquant A's runs use, where B's tree
+# packs a format version A's library does not read). Output: $OUT/ab.json (every run's rows) and the table printed last, A's
 # and B's medians side by side. Two files only: the device returns a few files a call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,26 +25,32 @@ unpack() {  # the library's path, gunzipped beside it when given as .gz
 }
 A=$(unpack "${QG_AB_A:?set QG_AB_A}") || exit 1
 B=$(unpack "${QG_AB_B:?set QG_AB_B}") || exit 1
+C=""
+[ -n "${QG_AB_C:-}" ] && { C=$(unpack "$QG_AB_C") || exit 1; }
 ARGS=${QG_BENCH_ARGS:-"--family w4a16 --variant g128-asym-bf16 --shape 43008x5376,5376x21504,4096x14336 \
 --m 32,512,2048 --budget 0.05 --no-peers"}
 tmp=$(mktemp -d)
 for r in $(seq "${QG_AB_RUNS:-2}"); do
-    for side in A B; do
+    for side in A B ${C:+C}; do
         lib=$A
         [ "$side" = B ] && lib=$B
+        [ "$side" = C ] && lib=$C
         case "$lib" in /*) ;; *) lib=$PWD/$lib ;; esac
         # shellcheck disable=SC2086  # ARGS is a list of bench arguments
         envs=()
         [ "$side" = B ] && [ -n "${QG_AB_ENV_B:-}" ] && read -ra envs <<< "$QG_AB_ENV_B"
         dir=$PWD
         [ "$side" = A ] && [ -n "${QG_AB_DIR_A:-}" ] && dir=$QG_AB_DIR_A
-        (cd "$dir" && env "${envs[@]}" PYQUANT_LIB="$lib" python3 -m pyquant bench $ARGS --json "$tmp/$side.$r.json") \
+        side_args=""
+        [ "$side" = A ] && side_args=${QG_AB_ARGS_A:-}
+        # shellcheck disable=SC2086  # lists of bench arguments
+        (cd "$dir" && env "${envs[@]}" PYQUANT_LIB="$lib" python3 -m pyquant bench $ARGS $side_args --json "$tmp/$side.$r.json") \
             > "$tmp/$side.$r.log" 2>&1 || { echo "run $r of $side ($lib) failed:"; tail -5 "$tmp/$side.$r.log"; }
     done
 done
-python3 - "$tmp" "$OUT/ab.json" "$A" "$B" <<'PY'
+python3 - "$tmp" "$OUT/ab.json" "$A" "$B" "$C" <<'PY'
 import glob, json, os, statistics, sys
-tmp, out, lib_a, lib_b = sys.argv[1:]
+tmp, out, lib_a, lib_b, lib_c = sys.argv[1:]
 runs, cases = {}, {}
 for path in sorted(glob.glob(os.path.join(tmp, "*.json"))):
     side, run = os.path.basename(path).split(".")[:2]
@@ -51,12 +59,15 @@ for path in sorted(glob.glob(os.path.join(tmp, "*.json"))):
     for r in rows:
         key = (r["family"], r["format"], r["variant"], r["n"], r["k"], r["m"])
         cases.setdefault(key, {}).setdefault(side, []).append(r["median_us"])
-json.dump({"A": lib_a, "B": lib_b, "runs": runs}, open(out, "w"), indent=1)
-print(f"A = {lib_a}, B = {lib_b}: median us of each run")
+json.dump({"A": lib_a, "B": lib_b, "C": lib_c, "runs": runs}, open(out, "w"), indent=1)
+print(f"A = {lib_a}, B = {lib_b}" + (f", C = {lib_c}" if lib_c else "") + ": median us of each run")
 for (fam, fmt, var, n, k, m), v in sorted(cases.items()):
-    a, b = v.get("A", []), v.get("B", [])
-    ratio = f"{statistics.median(b) / statistics.median(a):.3f}" if a and b else "-"
-    print(f"{fam} {fmt} {var} {n}x{k} M={m}: A {' '.join(f'{t:.1f}' for t in a)} | "
-          f"B {' '.join(f'{t:.1f}' for t in b)} | B/A {ratio}")
+    a = v.get("A", [])
+    line = f"{fam} {fmt} {var} {n}x{k} M={m}: A {' '.join(f'{t:.1f}' for t in a)}"
+    for side in "BC" if lib_c else "B":
+        t = v.get(side, [])
+        ratio = f"{statistics.median(t) / statistics.median(a):.3f}" if a and t else "-"
+        line += f" | {side} {' '.join(f'{x:.1f}' for x in t)} | {side}/A {ratio}"
+    print(line)
 PY
 rm -rf "$tmp"
