@@ -8,10 +8,10 @@
 # Environment: QG_AB_A, QG_AB_B (libraries, plain or .gz: the device machine takes at most
 # 64 MiB a call, and a gzip -1 of a stripped CUDA build is half its size), QG_AB_RUNS (runs
 # of each, default 2), QG_BENCH_ARGS (the cases; default: the W4A16 prefill rows of issue 14
-# with --no-peers), QG_AB_ENV_B (NAME=VALUE settings for B's runs alone: one library, two
-# settings), QG_AB_ARGS_A (bench arguments added to A's runs alone, e.g. `--option prefill_tile=64`:
-# one library, A forced to the old choice), QG_AB_C (a third library, timed after B in each
-# round, its column C / A), QG_AB_DIR_A (a checkout whose pyquant A's runs use, where B's tree
+# with --no-peers), QG_AB_C (a third library, timed after B in each round, its column C / A),
+# QG_AB_ENV_A / _B / _C (NAME=VALUE settings for that side's runs alone) and QG_AB_ARGS_A / _B /
+# _C (bench arguments added to that side's runs alone, e.g. `--option prefill_tile=64`): one
+# library, two or three settings, QG_AB_DIR_A (a checkout whose pyquant A's runs use, where B's tree
 # packs a format version A's library does not read). Output: $OUT/ab.json (every run's rows) and the table printed last, A's
 # and B's medians side by side. Two files only: the device returns a few files a call.
 set -uo pipefail
@@ -38,11 +38,11 @@ for r in $(seq "${QG_AB_RUNS:-2}"); do
         case "$lib" in /*) ;; *) lib=$PWD/$lib ;; esac
         # shellcheck disable=SC2086  # ARGS is a list of bench arguments
         envs=()
-        [ "$side" = B ] && [ -n "${QG_AB_ENV_B:-}" ] && read -ra envs <<< "$QG_AB_ENV_B"
+        side_env=QG_AB_ENV_$side side_arg=QG_AB_ARGS_$side
+        [ -n "${!side_env:-}" ] && read -ra envs <<< "${!side_env}"
         dir=$PWD
         [ "$side" = A ] && [ -n "${QG_AB_DIR_A:-}" ] && dir=$QG_AB_DIR_A
-        side_args=""
-        [ "$side" = A ] && side_args=${QG_AB_ARGS_A:-}
+        side_args=${!side_arg:-}
         # shellcheck disable=SC2086  # lists of bench arguments
         (cd "$dir" && env "${envs[@]}" PYQUANT_LIB="$lib" python3 -m pyquant bench $ARGS $side_args --json "$tmp/$side.$r.json") \
             > "$tmp/$side.$r.log" 2>&1 || { echo "run $r of $side ($lib) failed:"; tail -5 "$tmp/$side.$r.log"; }
