@@ -328,7 +328,8 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
     // chunk registers, loaded two chunks ahead of their use: a ring of 3 slots, the loop unrolled
     // by 3 so that the slots are fixed registers, not copies per chunk (the fold kernels of 128
     // and 256 tokens: 16 % fewer instructions a chunk, no spill; of 64 tokens at G >= 64, where
-    // two blocks an SM cap the registers at 128: a few bytes spilled in the prologue only). The
+    // two blocks an SM cap the registers at 128: a few bytes spilled in the prologue only; of 32
+    // tokens at every G, whose 16 accumulators leave room: 125-128 registers, no spill). The
     // copies cost more than instructions: the copy of the slot loaded one chunk before waits for
     // that load, so the rotating form has one chunk of cover, not two (SASS: the moves of the
     // loaded registers open each iteration). Elsewhere (64 tokens at G = 32, and the group-sum
