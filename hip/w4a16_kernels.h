@@ -332,9 +332,11 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
     X(ELEM_F16, 128) X(ELEM_BF16, 128) X(ELEM_F16, 64) X(ELEM_BF16, 64) X(ELEM_BF16, 32) X(ELEM_BF16, 256)       \
     X(ELEM_BF16, PF_FUSED_BN)
 // GGUF Q4_K and IQ4_XS (CODE_Q4_K, CODE_IQ4_XS; FOLD_FP32): G = 32, no zero-points, every tile
-// for both x types
-#define QG_Q4_K_PREFILL_KERNELS(X) \
-    X(ELEM_F16, 64) X(ELEM_F16, 128) X(ELEM_F16, 256) X(ELEM_BF16, 64) X(ELEM_BF16, 128) X(ELEM_BF16, 256)
+// but the fused one for both x types (the 32-token kernels at 128 registers: Q6_K's with an
+// 8-byte stack frame, the others none)
+#define QG_Q4_K_PREFILL_KERNELS(X)                                                                         \
+    X(ELEM_F16, 32) X(ELEM_F16, 64) X(ELEM_F16, 128) X(ELEM_F16, 256) X(ELEM_BF16, 32) X(ELEM_BF16, 64)   \
+    X(ELEM_BF16, 128) X(ELEM_BF16, 256)
 #define QG_IQ4_XS_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
 #define QG_Q8_0_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
 #define QG_Q6_K_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)

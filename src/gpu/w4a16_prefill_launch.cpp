@@ -76,7 +76,7 @@ const void* kernel_of(const Args& a, int bn, int code, bool stream_k) {
 // Tile width and grid of one prefill launch (bench/NOTES.md, "Prefill plan from the sweep" and
 // "Stream-K"):
 //   - the token tile by M alone: 32 up to 32 tokens where the code has a 32-token kernel (W4A16
-//     and MXFP4 with bf16 x), 64 up to 64, 128 up to 128, else 256 where the kernel folds the
+//     and MXFP4 with bf16 x, the GGUF codes), 64 up to 64, 128 up to 128, else 256 where the kernel folds the
 //     scale into A (bf16 x and bf16 scales, MXFP4 or W4A16: prefill_folds; the registers of the
 //     group sums go to the larger accumulator), else 128. The 256-token tile did half the
 //     dequantization per FLOP and measured 1.3-1.9x faster than 128 from M = 256 on every shape,
