@@ -76,14 +76,14 @@ const void* kernel_of(const Args& a, int bn, int code, bool stream_k) {
 // Tile width and grid of one prefill launch (bench/NOTES.md, "Prefill plan from the sweep" and
 // "Stream-K"):
 //   - the token tile by M alone: 32 up to 32 tokens where the code has a 32-token kernel (W4A16
-//     and MXFP4 with bf16 x, the GGUF codes), 64 up to 64, 128 up to 128, else 256 where the kernel folds the
-//     scale into A (bf16 x and bf16 scales, MXFP4 or W4A16: prefill_folds; the registers of the
-//     group sums go to the larger accumulator), else 128. The 256-token tile did half the
-//     dequantization per FLOP and measured 1.3-1.9x faster than 128 from M = 256 on every shape,
-//     short grids included; at 17 .. 32 tokens the 64-token tile's wgmmas, half of whose columns
-//     are past M, bound its time (bench/NOTES.md, session 53's knock-outs);
+//     and MXFP4 with bf16 x, the GGUF codes), 64 up to 64, 128 up to 128, else 256 where the
+//     kernel folds the scale into A (bf16 x and bf16 scales, MXFP4 or W4A16: prefill_folds; the
+//     registers of the group sums go to the larger accumulator), else 128. The 256-token tile
+//     did half the dequantization per FLOP and measured 1.3-1.9x faster than 128 from M = 256
+//     on every shape, short grids included; at 17 .. 32 tokens the 64-token tile's wgmmas, half
+//     of whose columns are past M, bound its time (bench/NOTES.md, session 53's knock-outs);
 //   - the grid (bench/NOTES.md, "Stream-K in the frag prefill"): where there are fewer tiles
-//     than resident block slots (SMs x the kernel's occupancy: 2 at 32 and 64 tokens, 1 above), each
+//     than resident block slots (SMs x the kernel's occupancy: 2 at 32 / 64 tokens, 1 above), each
 //     tile's K is spread over several blocks as stream-K units of (tile, 128-k chunk): in equal
 //     aligned parts where two or more fit a tile (split-K in effect, each part at least
 //     kMinChunks chunks), else over every slot (5376 x 21504 at M = 512: 84 tiles on 132 SMs,
