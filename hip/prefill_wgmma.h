@@ -328,12 +328,13 @@ __device__ __forceinline__ void run_segment(WgAcc<BN>& acc, const qg_tensor_map&
     // chunk registers, loaded two chunks ahead of their use: a ring of 3 slots, the loop unrolled
     // by 3 so that the slots are fixed registers, not copies per chunk (the fold kernels of 128
     // and 256 tokens: 16 % fewer instructions a chunk, no spill; of 64 tokens at G >= 64, where
-    // two blocks an SM cap the registers at 128: a few bytes spilled in the prologue only). The
+    // two blocks an SM cap the registers at 128: a few bytes spilled in the prologue only; of 32
+    // tokens at every G, whose 16 accumulators leave room: 125-128 registers, no spill). The
     // copies cost more than instructions: the copy of the slot loaded one chunk before waits for
     // that load, so the rotating form has one chunk of cover, not two (SASS: the moves of the
     // loaded registers open each iteration). Elsewhere (64 tokens at G = 32, and the group-sum
     // kernels near 255 registers) the unrolled loop spilled inside the loop, and the slots rotate.
-    constexpr bool UNROLL3 = FOLD && (BN >= 128 || G >= 64);
+    constexpr bool UNROLL3 = FOLD && (BN != 64 || G >= 64);
     Chunk<GC, chunk_loads(CODE)> cb[3];
     load_chunk<GC, ASYM, CODE>(cb[0], p, rbw, kc0, lane, rb_in);
     load_chunk<GC, ASYM, CODE>(cb[1], p, rbw, kc0 + 1, lane, rb_in && 1 < KC);
@@ -714,7 +715,7 @@ namespace {
 // not one with a runtime switch: the whole-tile loop inside the stream-K one measured 9 %
 // slower on the H200 (43008 x 5376 M = 512: 400 -> 440 us).
 template <int XT, int BN, int G, bool ASYM, int CODE, int FOLD, bool SK>
-__global__ void __launch_bounds__(PF_THREADS, SK && BN == 64 && FOLD ? 2 : 1)
+__global__ void __launch_bounds__(PF_THREADS, (SK && BN == 64 && FOLD) || BN == 32 ? 2 : 1)
 prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams p) {
 #if defined(QG_HAS_WGMMA)
     static_assert(FOLD == FOLD_NONE || FOLD == FOLD_FP32 || XT == ELEM_BF16,

@@ -254,7 +254,7 @@ struct PrefillParams {
 };
 constexpr int PF_THREADS = 256;
 constexpr int PF_ROWS = 128;          // weight rows per block
-// x tiles in flight: STAGES - 2 ahead of the k-step; 8 for tiles of 64 and 128 tokens, 5 for
+// x tiles in flight: STAGES - 2 ahead of the k-step; 8 for tiles of 32, 64 and 128 tokens, 5 for
 // 256 and the fused tile (32 / 34 KB a tile: the ring stays under the 227 KB of shared memory).
 // The fused tile (PF_FUSED_BN tokens) is a 256-token one with a tail: a call of 257 .. 272
 // tokens (src/gpu/w4a16_prefill_launch.cpp, plan_launches), its extra tokens one more wgmma
@@ -315,23 +315,28 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
 
 // Every W4A16 prefill_wgmma instantiation, (x type, tile width, G, ASYM, FOLD), listed once:
 // fp16 x on the group-sum path at 64 and 128 tokens; bf16 x folded (bf16 or fp16 scales), at
-// 64, 128 and 256 tokens (the fold frees the group-sum registers for the larger accumulator).
+// 32 (17 .. 32 tokens), 64, 128 and 256 tokens (the fold frees the group-sum registers for the
+// larger accumulator).
 #define QG_W4A16_PREFILL_G(X, XT, BN, ASYM, FOLD) X(XT, BN, 32, ASYM, FOLD) X(XT, BN, 64, ASYM, FOLD) X(XT, BN, 128, ASYM, FOLD)
 #define QG_W4A16_PREFILL_ZG(X, XT, BN, FOLD) QG_W4A16_PREFILL_G(X, XT, BN, true, FOLD) QG_W4A16_PREFILL_G(X, XT, BN, false, FOLD)
 #define QG_W4A16_PREFILL_KERNELS(X)                                                                             \
     QG_W4A16_PREFILL_ZG(X, ELEM_F16, 64, FOLD_NONE) QG_W4A16_PREFILL_ZG(X, ELEM_F16, 128, FOLD_NONE)            \
+    QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 32, FOLD_F16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 32, FOLD_BF16)            \
     QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 64, FOLD_F16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 128, FOLD_F16)            \
     QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, FOLD_F16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, PF_FUSED_BN, FOLD_F16)           \
     QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 64, FOLD_BF16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 128, FOLD_BF16)          \
     QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, FOLD_BF16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, PF_FUSED_BN, FOLD_BF16)
-// MXFP4 (CODE_E2M1): G = 32, no zero-points, bf16 scales (so bf16 x folds); 256-token tiles for
-// bf16 only
-#define QG_MXFP4_PREFILL_KERNELS(X) \
-    X(ELEM_F16, 128) X(ELEM_BF16, 128) X(ELEM_F16, 64) X(ELEM_BF16, 64) X(ELEM_BF16, 256) X(ELEM_BF16, PF_FUSED_BN)
+// MXFP4 (CODE_E2M1): G = 32, no zero-points, bf16 scales (so bf16 x folds); 32- and 256-token
+// tiles for bf16 only
+#define QG_MXFP4_PREFILL_KERNELS(X)                                                                              \
+    X(ELEM_F16, 128) X(ELEM_BF16, 128) X(ELEM_F16, 64) X(ELEM_BF16, 64) X(ELEM_BF16, 32) X(ELEM_BF16, 256)       \
+    X(ELEM_BF16, PF_FUSED_BN)
 // GGUF Q4_K and IQ4_XS (CODE_Q4_K, CODE_IQ4_XS; FOLD_FP32): G = 32, no zero-points, every tile
-// for both x types
-#define QG_Q4_K_PREFILL_KERNELS(X) \
-    X(ELEM_F16, 64) X(ELEM_F16, 128) X(ELEM_F16, 256) X(ELEM_BF16, 64) X(ELEM_BF16, 128) X(ELEM_BF16, 256)
+// but the fused one for both x types (the 32-token kernels at 128 registers: Q6_K's with an
+// 8-byte stack frame, the others none)
+#define QG_Q4_K_PREFILL_KERNELS(X)                                                                         \
+    X(ELEM_F16, 32) X(ELEM_F16, 64) X(ELEM_F16, 128) X(ELEM_F16, 256) X(ELEM_BF16, 32) X(ELEM_BF16, 64)   \
+    X(ELEM_BF16, 128) X(ELEM_BF16, 256)
 #define QG_IQ4_XS_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
 #define QG_Q8_0_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)
 #define QG_Q6_K_PREFILL_KERNELS(X) QG_Q4_K_PREFILL_KERNELS(X)

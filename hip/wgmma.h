@@ -208,6 +208,21 @@ __device__ __forceinline__ void wgmma_m64n256k16(WgAcc<N>& c, const uint32_t (&a
 #undef QG_WGMMA_256
 }
 
+// The 32-token tile (17 .. 32 tokens: half the tensor work of the 64-token one there).
+template <int XT, int OFF = 0, int N>
+__device__ __forceinline__ void wgmma_m64n32k16(WgAcc<N>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+#define QG_WGMMA_32(TYPE)                                                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %20, 0;\n"                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                                   \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "                          \
+                 "{%16, %17, %18, %19}, %21, p, 1, 1, 0;\n}\n"                                                     \
+                 : QG_WGMMA_OPS8(0), QG_WGMMA_OPS8(8)                                                               \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc))
+    if (XT == ELEM_BF16) QG_WGMMA_32("bf16");
+    else QG_WGMMA_32("f16");
+#undef QG_WGMMA_32
+}
+
 // The narrow tail of a fused tile (256 + 16 tokens).
 template <int XT, int OFF = 0, int N>
 __device__ __forceinline__ void wgmma_m64n16k16(WgAcc<N>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
@@ -235,7 +250,11 @@ __device__ __forceinline__ void wgmma_m64k16(WgAcc<N>& c, const uint32_t (&a)[4]
         else wgmma_m64n64k16<XT, 128>(c, a, tail, scale_d);
     } else if constexpr (N == 256) wgmma_m64n256k16<XT>(c, a, desc, scale_d);
     else if constexpr (N == 128) wgmma_m64n128k16<XT>(c, a, desc, scale_d);
-    else wgmma_m64n64k16<XT>(c, a, desc, scale_d);
+    else if constexpr (N == 64) wgmma_m64n64k16<XT>(c, a, desc, scale_d);
+    else {
+        static_assert(N == 32, "a token tile is 32, 64, 128, 256 or a fused one");
+        wgmma_m64n32k16<XT>(c, a, desc, scale_d);
+    }
 }
 #undef QG_WGMMA_OPS8
 #endif  // QG_HAS_WGMMA

@@ -176,9 +176,10 @@ QG_API qg_status qg_context_device_name(const qg_context* ctx, char* buf, size_t
  *   "split_k"      : 0 auto, else the split-K factor forced on the decode tiers and on the MoE
  *                    mma.sync tiles (which split only when asked so far); on the W4A16 and MXFP4
  *                    prefill, each tile's K shared by about that many blocks (stream-K)
- *   "prefill_tile" : 0 auto, else the token tile (64, 128 or 256) of the W4A16 and MXFP4 prefill
- *                    (256 only where the kernel folds the scale into A: bf16 x and bf16 scales;
- *                    128 otherwise). Speed only, like split_k: results never depend on it
+ *   "prefill_tile" : 0 auto, else the token tile (32, 64, 128 or 256) of the frag prefill (W4A16,
+ *                    MXFP4, the GGUF frag codes; 256 only where the kernel folds the scale into
+ *                    A: bf16 x and bf16 scales, or a GGUF code, 128 otherwise; 32 with bf16 x or a
+ *                    GGUF code, 64 otherwise). Speed only, like split_k: results never depend on it
  *   "cpu_precision": CPU backend GEMMs (W4A16, GGUF, MXFP4): 0 auto (= 2), 1 fp32-exact (x and the
  *                    decoded weight in fp32), 2 int8 (x quantized to int8 per 32 elements, integer
  *                    dot products; rows holding NaN or inf take the fp32-exact path)

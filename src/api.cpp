@@ -897,13 +897,14 @@ QG_API qg_status qg_context_set_option(qg_context* ctx, const char* name, int64_
         {"gguf_tier", &qg_context::gguf_tier, 0, 5,
          "0 auto, 1 float decode, 2 int8 mma decode, 3 prefill, 4 frag decode, 5 frag prefill"},
         {"split_k", &qg_context::split_k, 0, 256, "0 (auto) .. 256"},
-        {"prefill_tile", &qg_context::prefill_tile, 0, 256, "0 (auto), 64, 128 or 256"},
+        {"prefill_tile", &qg_context::prefill_tile, 0, 256, "0 (auto), 32, 64, 128 or 256"},
         {"cpu_precision", &qg_context::cpu_precision, 0, 2, "0 auto, 1 fp32-exact, 2 int8"},
     };
     for (const Option& o : options) {
         if (strcmp(o.name, name) != 0) continue;
         QG_CHECK(value >= o.lo && value <= o.hi, "option %s=%lld is out of range (%s)", name, (ll)value, o.values);
-        QG_CHECK(o.field != &qg_context::prefill_tile || value == 0 || value == 64 || value == 128 || value == 256,
+        QG_CHECK(o.field != &qg_context::prefill_tile || value == 0 || value == 32 || value == 64 || value == 128 ||
+                     value == 256,
                  "option %s=%lld is not one of %s", name, (ll)value, o.values);
         ctx->*o.field = value;
         // a numeric tier option replaces a tier forced by name (qg_context_set_tier)

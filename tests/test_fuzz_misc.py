@@ -45,7 +45,7 @@ def misc_specs(draw):
              size=draw(st.sampled_from([0, 1, 2, 5, 16, 63, 255, 256, 1000])),
              name=draw(st.sampled_from([b"cpu_threads", b"w4a16_tier", b"gguf_tier", b"split_k", b"prefill_tile",
                                         b"", b"bogus", b"CPU_THREADS", None])),
-             value=draw(st.sampled_from([0, 1, 2, 3, 4, 16, 64, 128, 256, 257, 4096, 4097, -1, 2 ** 62, -2 ** 63])),
+             value=draw(st.sampled_from([0, 1, 2, 3, 4, 16, 32, 64, 128, 256, 257, 4096, 4097, -1, 2 ** 62, -2 ** 63])),
              big=draw(st.sampled_from([0, 1, 63, 4096, 2 ** 62, 2 ** 64 - 1, 2 ** 64 - 64])),
              record=draw(st.sampled_from([(True, True), (True, False), (False, True), (False, False)])))
     return s
@@ -236,8 +236,8 @@ def misc_case(s):
                     exp.open(value > 4096, "cpu_threads")   # the header gives no upper bound
                 if name == b"split_k":
                     exp.open(value > 256, "split_k")
-                if name == b"prefill_tile":   # the header names the values: 0, 64, 128, 256
-                    exp.bad(lo <= value <= hi and value not in (0, 64, 128, 256), "prefill_tile")
+                if name == b"prefill_tile":   # the header names the values: 0, 32, 64, 128, 256
+                    exp.bad(lo <= value <= hi and value not in (0, 32, 64, 128, 256), "prefill_tile")
         return drive("qg_context_set_option",
                      lambda: call(L.qg_context_set_option, ctx, name, value), exp, mem,
                      lambda: mem.check_untouched())

@@ -377,10 +377,10 @@ def _check_forced_tile(gpu_ctx, rng, poisoned_output, assert_close, w, x_dt, m, 
 
 
 @pytest.mark.parametrize("x_dt,scale_dt", [(BF16, BF16), (F16, BF16)], ids=["fold", "grp"])
-@pytest.mark.parametrize("tile", [64, 128, 256])
+@pytest.mark.parametrize("tile", [32, 64, 128, 256])
 def test_w4a16_gpu_prefill_forced_tile(rng, gpu_ctx, tile, x_dt, scale_dt, poisoned_output, assert_close):
-    """The prefill_tile option (a speed choice: 64, 128, 256 tokens; 256 only where the scale
-    folds into A, else 128) on its own and with split_k 3, at M = 300 (ragged in every tile),
+    """The prefill_tile option (a speed choice: 32, 64, 128, 256 tokens; 256 only where the scale
+    folds into A, else 128; 32 only with bf16 x, else 64) on its own and with split_k 3, at M = 300 (ragged in every tile),
     N = 264 (the second row tile partial), K = 1024 with G = 64 asym: against the numpy
     reference as the auto plan's calls are (check_w4a16)."""
     w = random_int4(rng, 264, 1024, 64, False, scale_dt)
@@ -388,7 +388,7 @@ def test_w4a16_gpu_prefill_forced_tile(rng, gpu_ctx, tile, x_dt, scale_dt, poiso
 
 
 @pytest.mark.parametrize("group_size,symmetric", [(128, False), (32, True)], ids=["g128_asym", "g32_sym"])
-@pytest.mark.parametrize("tile", [64, 128, 256])
+@pytest.mark.parametrize("tile", [32, 64, 128, 256])
 def test_w4a16_gpu_prefill_many_chunks(rng, gpu_ctx, tile, group_size, symmetric, poisoned_output, assert_close):
     """The prefill's chunk pipeline (registers loaded two chunks ahead, the x ring's stages and
     mbarrier phases running on across a block's stream-K segments) over many more chunks than
@@ -491,6 +491,27 @@ def test_w4a16_gpu_prefill_wide_tile(rng, gpu_ctx, group_size, symmetric, m, poi
     assert_bitwise_equal(y1, want, f"one-hot {label}")
 
 
+@pytest.mark.parametrize("m", [17, 32, 33])
+@pytest.mark.parametrize("group_size,symmetric", [(128, False), (32, True)], ids=["g128_asym", "g32_sym"])
+def test_w4a16_gpu_prefill_narrow_tile(rng, gpu_ctx, group_size, symmetric, m, assert_bitwise_equal):
+    """bf16 x and scales at 17 .. 32 tokens: prefill_plan (src/gpu/w4a16_prefill_launch.cpp)
+    takes the 32-token tile (half the 64-token tile's wgmma work there), at 33 the 64-token one,
+    one launch either way (N = 264, K = 2048: 3 row tiles, stream-K over the SMs). A child's
+    QG_LOG=1 lines give the tile; one-hot rows give each folded weight bit for bit."""
+    _need_prefill(gpu_ctx)
+    n, k = 264, 2048
+    launches, decodes, sms = _prefill_launches_logged(n, k, m, group_size, symmetric)
+    assert [v[:3] for v in launches] == [(m, n, 32 if m <= 32 else 64)] and decodes == [], \
+        f"{sms} SMs, M = {m}: the plan launched {launches} and decode_frag on {decodes} tokens"
+    w = random_int4(rng, n, k, group_size, symmetric, BF16)
+    wd = w.to_device(gpu_ctx)
+    x1, want = one_hot_case(rng, int4.dequantize_folded(w.qweight, w.scales, w.qzeros, group_size))
+    x1, want = x1[:m], want[:m]  # M < K: M of the K columns, in a random order
+    x1d = pyquant.DeviceArray.from_numpy(x1.astype(BF16), gpu_ctx)
+    y1 = pyquant.gemm(x1d, wd, out_dtype=np.float32).to_numpy()
+    assert_bitwise_equal(y1, want, f"one-hot narrow prefill g{group_size} m={m}")
+
+
 @pytest.mark.parametrize("m", [300, 262])
 @pytest.mark.parametrize("waves", [1, 2])
 def test_w4a16_gpu_prefill_stream_k(rng, gpu_ctx, waves, m, poisoned_output, assert_close, assert_bitwise_equal):
@@ -556,7 +577,7 @@ def test_gpu_prefill_staged_output(rng, gpu_ctx, case, assert_bitwise_equal):
     type with 16-byte-aligned rows goes through shared memory by stmatrix and out in 16-byte
     pieces) against the element-wise epilogue of the float32 output of the same call, rounded
     once to x's type: the two must agree bit for bit (the same sums, the same one rounding),
-    and the guard bands around the aligned output stay intact. Every tile (64, 128, 256 tokens
+    and the guard bands around the aligned output stay intact. Every tile (32, 64, 128, 256 tokens
     where the scale folds), M ragged in each (17, 300, 517), N = 264 (a partial row tile);
     a GGUF q4_0 weight with N = 4099, whose last 16-byte piece of each row N ends inside
     (element-wise stores there)."""
@@ -565,7 +586,7 @@ def test_gpu_prefill_staged_output(rng, gpu_ctx, case, assert_bitwise_equal):
         x_dt, scale_dt, g = (BF16, BF16, 128) if case == "int4-fold" else (F16, BF16, 32)
         n, k = 264, 512
         wd = random_int4(rng, n, k, g, False, scale_dt).to_device(gpu_ctx, layout="frag")
-        tiles = (64, 128, 256) if case == "int4-fold" else (64, 128)
+        tiles = (32, 64, 128, 256) if case == "int4-fold" else (64, 128)
     else:
         x_dt, n, k = BF16, 4099, 512
         raw = F.get("q4_0").module.random_blocks(rng, n, k, d_range=(2.0 ** -8, 2.0 ** -4))

@@ -45,7 +45,8 @@ int frag_launch::prefill_smem(int bn) {
     return bn == PF_FUSED_BN ? PrefillSmem<PF_FUSED_BN>::SMEM
            : bn == 256 ? PrefillSmem<256>::SMEM
            : bn == 128 ? PrefillSmem<128>::SMEM
-                       : PrefillSmem<64>::SMEM;
+           : bn == 64  ? PrefillSmem<64>::SMEM
+                       : PrefillSmem<32>::SMEM;
 }
 
 bool frag_launch::prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
@@ -74,13 +75,15 @@ const void* kernel_of(const Args& a, int bn, int code, bool stream_k) {
 
 // Tile width and grid of one prefill launch (bench/NOTES.md, "Prefill plan from the sweep" and
 // "Stream-K"):
-//   - the token tile by M alone: 64 up to 64 tokens, 128 up to 128, else 256 where the kernel
-//     folds the scale into A (bf16 x and bf16 scales, MXFP4 or W4A16: prefill_folds; the
+//   - the token tile by M alone: 32 up to 32 tokens where the code has a 32-token kernel (W4A16
+//     and MXFP4 with bf16 x, the GGUF codes), 64 up to 64, 128 up to 128, else 256 where the
+//     kernel folds the scale into A (bf16 x and bf16 scales, MXFP4 or W4A16: prefill_folds; the
 //     registers of the group sums go to the larger accumulator), else 128. The 256-token tile
 //     did half the dequantization per FLOP and measured 1.3-1.9x faster than 128 from M = 256
-//     on every shape, short grids included;
+//     on every shape, short grids included; at 17 .. 32 tokens the 64-token tile's wgmmas, half
+//     of whose columns are past M, bound its time (bench/NOTES.md, session 53's knock-outs);
 //   - the grid (bench/NOTES.md, "Stream-K in the frag prefill"): where there are fewer tiles
-//     than resident block slots (SMs x the kernel's occupancy: 2 at 64 tokens, 1 above), each
+//     than resident block slots (SMs x the kernel's occupancy: 2 at 32 / 64 tokens, 1 above), each
 //     tile's K is spread over several blocks as stream-K units of (tile, 128-k chunk): in equal
 //     aligned parts where two or more fit a tile (split-K in effect, each part at least
 //     kMinChunks chunks), else over every slot (5376 x 21504 at M = 512: 84 tiles on 132 SMs,
@@ -113,6 +116,9 @@ PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code, int64_t
     pl.bn = a.m <= 64 ? 64 : a.m <= 128 || !pl.fold ? 128 : 256;
     if (ctx->prefill_tile > 0) pl.bn = ctx->prefill_tile == 256 && !pl.fold ? 128 : static_cast<int>(ctx->prefill_tile);
     if (bn > 0) pl.bn = bn;
+    // 32 tokens (by M, or asked for) where the code and x type have that kernel, else 64
+    const bool narrow = bn > 0 ? bn == 32 : ctx->prefill_tile > 0 ? ctx->prefill_tile == 32 : a.m <= 32;
+    if (narrow) pl.bn = kernel_of(a, 32, code, false) != nullptr ? 32 : 64;
     pl.token_tiles = ceil_div(a.m, pl.bn);
     pl.tiles = pl.row_tiles * pl.token_tiles;
     const int per_sm =
