@@ -113,12 +113,11 @@ PrefillPlan prefill_plan(const qg_context* ctx, const Args& a, int code, int64_t
     pl.row_tile0 = row_tile0;
     pl.row_tiles = rows > 0 ? rows : ceil_div(a.n, PF_ROWS) - row_tile0;
     pl.fold = prefill_folds(elem_type(a.x_dtype), elem_type(a.scale_dtype), code);
-    pl.bn = a.m <= 64 ? 64 : a.m <= 128 || !pl.fold ? 128 : 256;
+    pl.bn = a.m <= 32 ? 32 : a.m <= 64 ? 64 : a.m <= 128 || !pl.fold ? 128 : 256;
     if (ctx->prefill_tile > 0) pl.bn = ctx->prefill_tile == 256 && !pl.fold ? 128 : static_cast<int>(ctx->prefill_tile);
     if (bn > 0) pl.bn = bn;
-    // 32 tokens (by M, or asked for) where the code and x type have that kernel, else 64
-    const bool narrow = bn > 0 ? bn == 32 : ctx->prefill_tile > 0 ? ctx->prefill_tile == 32 : a.m <= 32;
-    if (narrow) pl.bn = kernel_of(a, 32, code, false) != nullptr ? 32 : 64;
+    // 32 tokens only where the code and x type have that kernel
+    if (pl.bn == 32 && kernel_of(a, 32, code, false) == nullptr) pl.bn = 64;
     pl.token_tiles = ceil_div(a.m, pl.bn);
     pl.tiles = pl.row_tiles * pl.token_tiles;
     const int per_sm =
