@@ -48,6 +48,15 @@ namespace {
 // larger of the two (14336 x 4096, 2 threads: q8_0 2.5 -> 1.8 ms, q6_K 2.3 -> 1.7, q4_0
 // 1.5 -> 1.0-1.3). A Xeon measured prefetcht1 within its noise (session 37).
 QG_AVX2_INLINE void prefetch_row(const void* next, int64_t off) { _mm_prefetch((const char*)next + off, _MM_HINT_T1); }
+// The lines at byte off, off + 64, .. < end of base, into L2, the line step in a register (the
+// empty asm): GCC's constant step (a chain of add $64) issued them in a burst that measured
+// slower (the rows8 stream: bench/NOTES.md, "CPU q6_K repacked rows"; q8_0's linear prefetch:
+// up to 1.3x, "CPU read bandwidth at M = 1"; why is a guess: prefetches issued faster).
+QG_AVX2_INLINE void prefetch_range(const void* base, int64_t off, int64_t end) {
+    int64_t line = 64;
+    __asm__("" : "+r"(line));
+    for (; off < end; off += line) prefetch_row(base, off);
+}
 // A pass of at most this many bytes (8 rows on ymm) also prefetches the rows two passes on
 // (prefetch2, as prefetch: into L2), so that the rows a pass on are asked for twice, one
 // pass apart. On the AMX Xeon of session 48 (bench/NOTES.md, "CPU int8 at M = 1 on the AMX
@@ -59,6 +68,13 @@ QG_AVX2_INLINE void prefetch_row(const void* next, int64_t off) { _mm_prefetch((
 // start instead (rows consecutive in memory) measured 1.0-1.24: the prefetches row by row
 // are what pays.
 constexpr int64_t AHEAD2_BYTES = 16384;
+// Where a pass is that short, q6_K and q8_0 (the ymm VNNI copy: rows_group, linear_ahead)
+// prefetch the rows two passes on as one range in memory order, a step's share of it at each
+// step, instead of each row's lines of the next two passes, where the rows are consecutive
+// in memory (.gguf rows without gaps): the next pass was the pass after next one pass earlier.
+// 2 threads read 8-row passes ~20 % faster that way in a microbenchmark with a load of
+// compute between the lines; cold M = 1 on the AMX Xeon, K = 1280: q8_0 0.80-0.90 of the
+// time, q6_K 0.90-0.97 (bench/NOTES.md, "CPU read bandwidth at M = 1").
 // How far ahead a pass that is one range in memory (the rows8 layout: consecutive passes
 // follow each other too) prefetches its own stream, in bytes. q6_K M = 1 cold on 2 threads,
 // 4 KiB pages, against the blocks (bench/NOTES.md, "CPU q6_K repacked rows"): 24 KiB
