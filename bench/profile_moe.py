@@ -2,12 +2,18 @@
 and of the whole layer replayed from a CUDA graph (torch), which the bench's per-call Python
 cannot show at small T. The bench's routing and weights; the experts in the MoE frag layout.
 
-    python bench/profile_moe.py gpt-oss-120b 1,8,64,512,2048 [tile_m]
+    python bench/profile_moe.py gpt-oss-120b 1,8,64,512,2048 [sides]
     QG_SPLIT_K=4 python bench/profile_moe.py gpt-oss-120b 1,8      (the context's split_k option)
     QG_MOE_TIER=cuda:moe_wgmma python bench/profile_moe.py gpt-oss-20b 512 64   (a forced tier)
+    python bench/profile_moe.py gpt-oss-120b 768,1024 32:cuda:moe_mma,32,64   (sides, interleaved)
+
+sides: a comma list, each a tile_m (0: pyquant's default_tile_m) with an optional forced stage
+tier after a colon; every T runs each side in turn, REPS times (environment, default 1), over
+one set of experts.
     ncu -k regex:moe_gemm --launch-skip 3 --launch-count 2 python bench/profile_moe.py gpt-oss-120b 2048 0 ncu
 """
 import ctypes
+import itertools
 import os
 import sys
 
@@ -25,19 +31,26 @@ BF16 = ml_dtypes.bfloat16
 ROUTINGS = 4  # distinct routings cycled through: the experts they hit rotate past the 60 MB L2
 
 
-def layer_calls(ctx, variant, t, tile_m, rng):
-    """Per routing r: launch[r] = (align, stage 1, stage 2) callables of a stream, device
-    operands and argument structs built once; and the mean bytes of the experts hit."""
+def experts(ctx, variant, rng):
+    """The model's W13 and W2 stacks of random MXFP4 experts, in the MoE frag layout on ctx."""
     mo = C.MOE_MODELS[variant]
-    e, k, h, i = mo.experts, mo.top_k, mo.hidden, mo.intermediate
-    tm = tile_m or default_tile_m(t, k, e, widest=256)  # bf16 on a build with the grouped tier
+    e, h, i = mo.experts, mo.hidden, mo.intermediate
     w13 = pyquant.from_mxfp4(rng.integers(0, 256, (e, 2 * i, h // 32, 16), dtype=np.uint8),
                              rng.integers(118, 128, (e, 2 * i, h // 32), dtype=np.uint8),
                              rng.uniform(-0.1, 0.1, (e, 2 * i)).astype(BF16))
     w2 = pyquant.from_mxfp4(rng.integers(0, 256, (e, h, i // 32, 16), dtype=np.uint8),
                             rng.integers(118, 128, (e, h, i // 32), dtype=np.uint8),
                             rng.uniform(-0.1, 0.1, (e, h)).astype(BF16))
-    d13, d2 = pyquant.moe_repack(w13, w2, "interleaved", ctx=ctx)
+    return pyquant.moe_repack(w13, w2, "interleaved", ctx=ctx)
+
+
+def layer_calls(ctx, variant, weights, t, tile_m, rng):
+    """Per routing r: launch[r] = (align, stage 1, stage 2) callables of a stream, device
+    operands and argument structs built once; and the mean bytes of the experts hit."""
+    mo = C.MOE_MODELS[variant]
+    e, k, h, i = mo.experts, mo.top_k, mo.hidden, mo.intermediate
+    tm = tile_m or default_tile_m(t, k, e, widest=256)  # bf16 on a build with the grouped tier
+    d13, d2 = weights
     ms, mt = ctypes.c_int64(), ctypes.c_int64()
     _lib.qg_moe_align_sizes(t, k, e, tm, ctypes.byref(ms), ctypes.byref(mt))
     keep = [d13, d2]
@@ -82,15 +95,17 @@ def layer_calls(ctx, variant, t, tile_m, rng):
 def main(argv):
     variant = argv[0]
     ts = [int(v) for v in argv[1].split(",")]
-    tile_m = int(argv[2]) if len(argv) > 2 else 0
+    sides = [(int(v.split(":", 1)[0]), v.split(":", 1)[1] if ":" in v else "")
+             for v in (argv[2] if len(argv) > 2 else "0").split(",")]
     ncu = len(argv) > 3 and argv[3] == "ncu"
     ctx = pyquant.gpu_context()
     ctx.set_option("split_k", int(os.environ.get("QG_SPLIT_K", "0")))
-    if os.environ.get("QG_MOE_TIER"):  # e.g. cuda:moe_wgmma at tile_m 64 (both tiers take it)
-        ctx.set_tier("moe", os.environ["QG_MOE_TIER"])
+    tier = os.environ.get("QG_MOE_TIER", "auto")  # e.g. cuda:moe_wgmma at tile_m 64 (both tiers take it)
     rng = np.random.default_rng(0)
+    weights = experts(ctx, variant, rng)
     if ncu:
-        launches, _, _, _ = layer_calls(ctx, variant, ts[0], tile_m, rng)
+        ctx.set_tier("moe", sides[0][1] or tier)
+        launches, _, _, _ = layer_calls(ctx, variant, weights, ts[0], sides[0][0], rng)
         for r in range(3):
             for f in launches[r % ROUTINGS]:
                 f(None)
@@ -103,9 +118,10 @@ def main(argv):
           f"{ROUTINGS} routings cycled; bandwidth over the mean bytes of the experts hit; "
           f"{C.MOE_MODELS[variant]}")
     print(f"{'T':>5} {'tile_m':>6} {'align':>7} {'stage1':>7} {'stage2':>7} {'sum':>7} {'graph':>7} "
-          f"{'MB hit':>7} {'GB/s':>7}")
-    for t in ts:
-        launches, wbytes, tm, keep = layer_calls(ctx, variant, t, tile_m, rng)
+          f"{'MB hit':>7} {'GB/s':>7} tier")
+    for t, _rep, (tile_m, side_tier) in itertools.product(ts, range(int(os.environ.get("REPS", "1"))), sides):
+        ctx.set_tier("moe", side_tier or tier)
+        launches, wbytes, tm, keep = layer_calls(ctx, variant, weights, t, tile_m, rng)
         with torch.cuda.stream(s):
             for r in range(ROUTINGS):
                 for f in launches[r]:
@@ -133,7 +149,7 @@ def main(argv):
             b.synchronize()
             layer = a.elapsed_time(b) * 1000 / 100
         print(f"{t:>5} {tm:>6} {per[0]:7.1f} {per[1]:7.1f} {per[2]:7.1f} {sum(per):7.1f} {layer:7.1f} "
-              f"{wbytes / 1e6:7.1f} {wbytes / layer / 1e3:7.0f}")
+              f"{wbytes / 1e6:7.1f} {wbytes / layer / 1e3:7.0f} {side_tier or tier}")
         del keep
 
 
