@@ -13,7 +13,8 @@
 //            <gpu>:moe_align  -                     NVIDIA sm_80+, one block, E <= 1024
 //   stage1/2 cpu              canonical             CPU contexts
 //            <gpu>:moe_mma    MoE frag (qg_moe_repack)  NVIDIA sm_80+, mma.sync expert tiles (tile_m <= 64)
-//            <gpu>:moe_wgmma  MoE frag              NVIDIA sm_90a, tile_m 128 / 256 (64 forced): the
+//            <gpu>:moe_wgmma  MoE frag              NVIDIA sm_90a, tile_m 64 / 128 (and 32 / 256 with
+//                                                   bf16 x): the
 //                                                   W4A16 prefill kernel grouped over the experts
 #include "tier_table.h"
 
@@ -69,8 +70,8 @@ const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp
     return nullptr;  // select_tier names every tier's reason
 }
 #if defined(QG_HAVE_GPU)
-// choose_stage: the grouped wgmma tier where it is usable (tile_m 64, 128, 256 on sm_90a),
-// else the mma.sync tiles (every tile_m up to 64)
+// choose_stage: the grouped wgmma tier where it is usable (on sm_90a tile_m 64, 128; 32 and 256
+// with bf16 x), else the mma.sync tiles (every tile_m up to 64)
 const Tier<qg_moe_align_args>* const kAlignTiers[] = {&kAlignCpu, &gpu_moe_align_tier};
 const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu, &gpu_moe_stage1_tier,
                                                         &gpu_moe_stage1_wgmma_tier};
@@ -96,9 +97,10 @@ bool is_grouped_wgmma(const char* name) {  // "<gpu>:moe_wgmma"
     return *colon == ':' && same_text(colon + 1, "moe_wgmma");
 }
 
-// The grouped wgmma tier wherever it is usable (tile_m 64 and up: at 64 it measured 12-20 %
-// faster than the mma.sync tiles' 32 and the grouped 128 from 32 to 256 rows an expert,
-// bench/NOTES.md session 48), else the first usable tier (the mma.sync tiles up to 64).
+// The grouped wgmma tier wherever it is usable (at 64 it measured 12-20 % faster than the
+// mma.sync tiles' 32 and the grouped 128 from 32 to 256 rows an expert, bench/NOTES.md session
+// 48; at 32, bf16 x, 0.84-0.89x the mma.sync 32's layer time at 17-40 rows, session 55), else the
+// first usable tier (the mma.sync tiles up to 64).
 template <class Args, const TierTable<Args>& (*TABLE)()>
 const Tier<Args>* choose_stage(const qg_context* ctx, const Args& a, const char** reason) {
     const TierTable<Args>& table = TABLE();
@@ -108,7 +110,7 @@ const Tier<Args>* choose_stage(const qg_context* ctx, const Args& a, const char*
     if (t == nullptr) t = first_usable(table, ctx, a);
     *reason = !on_gpu(ctx) ? "CPU context"
               : t != nullptr && is_grouped_wgmma(t->name)
-                  ? "tile_m >= 64 on sm_90a: the W4A16 prefill kernel grouped over the expert tiles"
+                  ? "a wgmma token tile on sm_90a: the W4A16 prefill kernel grouped over the expert tiles"
                   : "mma.sync expert tiles (tile_m <= 64)";
     return t;
 }

@@ -72,8 +72,8 @@ extern const Tier<qg_mxfp4_gemm_args> gpu_mxfp4_prefill_tier;      // wgmma (sm_
 extern const Tier<qg_moe_align_args> gpu_moe_align_tier;          // one block, sm_80+
 extern const Tier<qg_moe_stage1_args> gpu_moe_stage1_tier;        // mma.sync, MoE frag layout
 extern const Tier<qg_moe_stage2_args> gpu_moe_stage2_tier;        // mma.sync, MoE frag layout
-extern const Tier<qg_moe_stage1_args> gpu_moe_stage1_wgmma_tier;  // grouped wgmma prefill, tile_m 64 (sm_90a)
-extern const Tier<qg_moe_stage2_args> gpu_moe_stage2_wgmma_tier;  // grouped wgmma prefill, tile_m 64 (sm_90a)
+extern const Tier<qg_moe_stage1_args> gpu_moe_stage1_wgmma_tier;  // grouped wgmma prefill, tile_m 32..256 (sm_90a)
+extern const Tier<qg_moe_stage2_args> gpu_moe_stage2_wgmma_tier;  // grouped wgmma prefill, tile_m 32..256 (sm_90a)
 // The frag decode kernel holds at most this many rows of x per launch (two n8 tiles of
 // mma.sync); above it a decode tier loops over 16-row launches, re-reading the weights each
 // time. The W4A16 and MXFP4 policies send larger M to the prefill tier.

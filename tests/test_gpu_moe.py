@@ -152,11 +152,13 @@ def test_gpu_moe_shapes(rng, gpu_ctx, poisoned_output, assert_close, case):
     assert_close(y, ref, moe_bound(h, inter, BF16, y_dt), f"gpu moe {case}")
 
 
+@pytest.mark.parametrize("tile_m", [32, 64])
 @pytest.mark.parametrize("tier", ["moe_wgmma", "moe_mma"])
-def test_gpu_moe_tiers_by_name_at_tile_64(rng, gpu_ctx, poisoned_output, assert_close, tier):
-    """tile_m = 64 runs on the grouped wgmma tier under auto (sm_90a); each stage tier forced
-    by name in turn (the mma.sync tiles serve 64 as well), against the reference: T = 300 and 5
-    (tiles mostly empty), 16 experts, K not a multiple of 128 in both stages."""
+def test_gpu_moe_tiers_by_name_at_tiles_32_and_64(rng, gpu_ctx, poisoned_output, assert_close, tier, tile_m):
+    """tile_m = 32 and 64 (bf16 x) run on the grouped wgmma tier under auto (sm_90a); each
+    stage tier forced by name in turn (the mma.sync tiles serve them as well), against the
+    reference: T = 300 and 5 (tiles mostly empty), 16 experts, K not a multiple of 128 in both
+    stages."""
     _need(gpu_ctx)
     name = next((t for t in tiers.tiers().get("moe", []) if t.endswith(f":{tier}")), None)
     if name is None:
@@ -167,14 +169,14 @@ def test_gpu_moe_tiers_by_name_at_tile_64(rng, gpu_ctx, poisoned_output, assert_
         for t in (300, 5):
             x, ids, wts, w13, w2 = _layer(rng, t, e, top_k, h, inter, BF16)
             try:
-                y = _run_moe(gpu_ctx, poisoned_output, x, ids, wts, w13, w2, "concat", "swiglu_oai", 64, BF16)
+                y = _run_moe(gpu_ctx, poisoned_output, x, ids, wts, w13, w2, "concat", "swiglu_oai", tile_m, BF16)
             except pyquant.QuantGemmError as err:
                 if tier == "moe_wgmma" and "sm_90" in str(err):
                     pytest.skip(f"no wgmma here: {err}")
                 raise
             ref = reference.moe(x, ids, wts, w13.dequantize(), w2.dequantize(), np.asarray(w13.bias),
                                 np.asarray(w2.bias).astype(np.float32), gate_up_layout="concat", act_dtype=BF16)
-            assert_close(y, ref, moe_bound(h, inter, BF16, BF16), f"gpu moe {name} t={t}")
+            assert_close(y, ref, moe_bound(h, inter, BF16, BF16), f"gpu moe {name} tile_m={tile_m} t={t}")
     finally:
         gpu_ctx.set_tier("moe", "auto")
 
@@ -203,12 +205,13 @@ def test_gpu_moe_default_tile_falls_back_where_128_is_refused(rng, gpu_ctx, pois
     assert_close(y, ref, moe_bound(h, inter, BF16, BF16), "gpu moe default tile after the fallback")
 
 
-@pytest.mark.parametrize("tile_m", [16, 128])
+@pytest.mark.parametrize("tile_m", [16, 32, 128])
 def test_gpu_stage1_writes_every_pair_row_and_nothing_else(rng, gpu_ctx, assert_close, tile_m):
     """Stage 1 alone into an act buffer with poisoned guard rows before and after: every
     pair's row is the reference activation, the guards keep their bits. tile_m = 16: the
-    mma.sync tiles; 128: the grouped wgmma tier, its activation in the epilogue, I = 32 half
-    of one row tile's 64 channels; the workspace is zero again afterwards."""
+    mma.sync tiles; 32 and 128: the grouped wgmma tier on sm_90a (32 on the mma.sync tiles
+    elsewhere), its activation in the epilogue, I = 32 half of one row tile's 64 channels; the
+    workspace is zero again afterwards."""
     _need(gpu_ctx)
     if tile_m == 128 and not any(t.endswith(":moe_wgmma") for t in tiers.tiers().get("moe", [])):
         pytest.skip(f"no moe_wgmma tier in this build: {pyquant.build_info()}")
@@ -321,8 +324,8 @@ def _run_children(tmp_path, files, env):
     return [np.load(f.with_suffix(".y.npy")) for f in files], p.stderr
 
 
-@pytest.mark.parametrize("tile_m,activation,layout", [(128, "swiglu_oai", "interleaved"), (128, "silu_glu", "concat"),
-                                                      (256, "swiglu_oai", "concat")])
+@pytest.mark.parametrize("tile_m,activation,layout", [(32, "swiglu_oai", "interleaved"), (128, "swiglu_oai", "interleaved"),
+                                                      (128, "silu_glu", "concat"), (256, "swiglu_oai", "concat")])
 def test_gpu_moe_fused_activation_is_moe_act_bit_for_bit(rng, gpu_ctx, tmp_path, assert_close, tile_m, activation,
                                                         layout):
     """The grouped wgmma tier applies stage 1's activation in its epilogue (gate and up of 64

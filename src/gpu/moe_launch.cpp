@@ -1,5 +1,5 @@
 // MXFP4 MoE GPU tiers (hip/moe.hip): the table entries of align, stage 1 and stage 2 (mma.sync
-// expert tiles of up to 64 tokens, sm_80+; and, for tiles of 64 to 256 tokens on sm_90a, the
+// expert tiles of up to 64 tokens, sm_80+; and, for tiles of 32 to 256 tokens on sm_90a, the
 // W4A16 prefill kernel grouped over the experts), and the device side of qg_moe_repack. The
 // stages read the MoE frag layout only (a canonical expert stack on the GPU would be repacked
 // on every call: more than a GB for GPT-OSS-120b, so the tier refuses it and names
@@ -359,7 +359,7 @@ qg_status stage2_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_s
 }
 
 
-// ---------------------------------------------------------------- grouped wgmma (tile_m 64..256)
+// ---------------------------------------------------------------- grouped wgmma (tile_m 32..256)
 //
 // Stage s: gather the activation rows by expert tile into the workspace (an expert tile = one
 // token tile of the W4A16 prefill kernel, hip/prefill_wgmma.h), the prefill grouped over the
@@ -368,10 +368,12 @@ qg_status stage2_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_s
 // gathered rows cleared.
 
 // The prefill kernel of a token tile of tile_m (nullptr where none is built: 64 and 128 for
-// both activation types, 256 for bf16).
+// both activation types, 32 and 256 for bf16). QG_EXP_MOE_GROUPED32=0 leaves tile_m 32 to the
+// mma.sync tiles (the A/B of bench/NOTES.md, session 55).
 const void* grouped_kernel(qg_dtype x_dtype, int32_t tile_m) {
 #if defined(QG_HAVE_TENSOR_MAPS)
-    if (tile_m != 64 && tile_m != 128 && tile_m != 256) return nullptr;
+    static const bool grouped32 = launch_util::env_int("QG_EXP_MOE_GROUPED32", 1) != 0;
+    if (tile_m != 64 && tile_m != 128 && tile_m != 256 && !(tile_m == 32 && grouped32)) return nullptr;
     return w4a16::prefill_kernel(elem_type(x_dtype), ELEM_BF16, tile_m, kGroup, false, w4a16::CODE_E2M1);
 #else
     (void)x_dtype, (void)tile_m;
@@ -397,7 +399,7 @@ bool grouped_usable(const qg_context* ctx, int32_t tile_m, qg_mxfp4_layout layou
     if (!stage_usable(ctx, layout, x_dtype, x, ldx, why)) return false;
     if (!wgmma_tier_usable(ctx, nullptr, 8, why)) return false;  // the gathered rows are the workspace's
     if (grouped_kernel(x_dtype, tile_m) == nullptr) {
-        *why = "runs an expert tile as one wgmma token tile: tile_m 64 or 128 (256 for bf16)";
+        *why = "runs an expert tile as one wgmma token tile: tile_m 64 or 128 (32 and 256 for bf16)";
         return false;
     }
     return true;
