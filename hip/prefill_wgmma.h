@@ -713,9 +713,12 @@ namespace {
 // ends: the block holding a tile's last unit ends it (its last segment: it adds the others'
 // sums, gather_partials), the blocks before it contribute (their first segments). Two kernels,
 // not one with a runtime switch: the whole-tile loop inside the stream-K one measured 9 %
-// slower on the H200 (43008 x 5376 M = 512: 400 -> 440 us).
+// slower on the H200 (43008 x 5376 M = 512: 400 -> 440 us). Two blocks an SM (128 registers)
+// for the 32-, 80- and 96-token tiles and the folded stream-K 64: the 80 / 96 ones at one block
+// (139 / 146 registers) ran a pass 1.4x slower than the 64-token one at two (123 registers:
+// its second block's warps hide the weight loads; bench/NOTES.md, session 55).
 template <int XT, int BN, int G, bool ASYM, int CODE, int FOLD, bool SK>
-__global__ void __launch_bounds__(PF_THREADS, (SK && BN == 64 && FOLD) || BN == 32 ? 2 : 1)
+__global__ void __launch_bounds__(PF_THREADS, (SK && BN == 64 && FOLD) || BN == 32 || BN == 80 || BN == 96 ? 2 : 1)
 prefill_wgmma(const __grid_constant__ qg_tensor_map tmap_x, const PrefillParams p) {
 #if defined(QG_HAS_WGMMA)
     static_assert(FOLD == FOLD_NONE || FOLD == FOLD_FP32 || XT == ELEM_BF16,

@@ -254,7 +254,7 @@ struct PrefillParams {
 };
 constexpr int PF_THREADS = 256;
 constexpr int PF_ROWS = 128;          // weight rows per block
-// x tiles in flight: STAGES - 2 ahead of the k-step; 8 for tiles of 32, 64 and 128 tokens, 5 for
+// x tiles in flight: STAGES - 2 ahead of the k-step; 8 for tiles of 32 to 128 tokens, 5 for
 // 256 and the fused tile (32 / 34 KB a tile: the ring stays under the 227 KB of shared memory).
 // The fused tile (PF_FUSED_BN tokens) is a 256-token one with a tail: a call of 257 .. 272
 // tokens (src/gpu/w4a16_prefill_launch.cpp, plan_launches), its extra tokens one more wgmma
@@ -326,11 +326,11 @@ const void* prefill_kernel(int x_type, int scale_type, int bn, int group_size, b
     QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, FOLD_F16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, PF_FUSED_BN, FOLD_F16)           \
     QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 64, FOLD_BF16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 128, FOLD_BF16)          \
     QG_W4A16_PREFILL_ZG(X, ELEM_BF16, 256, FOLD_BF16) QG_W4A16_PREFILL_ZG(X, ELEM_BF16, PF_FUSED_BN, FOLD_BF16)
-// MXFP4 (CODE_E2M1): G = 32, no zero-points, bf16 scales (so bf16 x folds); 32- and 256-token
-// tiles for bf16 only
+// MXFP4 (CODE_E2M1): G = 32, no zero-points, bf16 scales (so bf16 x folds); 32-, 80-, 96- and
+// 256-token tiles for bf16 only (80 and 96: the grouped MoE stages' expert tiles)
 #define QG_MXFP4_PREFILL_KERNELS(X)                                                                              \
     X(ELEM_F16, 128) X(ELEM_BF16, 128) X(ELEM_F16, 64) X(ELEM_BF16, 64) X(ELEM_BF16, 32) X(ELEM_BF16, 256)       \
-    X(ELEM_BF16, PF_FUSED_BN)
+    X(ELEM_BF16, PF_FUSED_BN) X(ELEM_BF16, 80) X(ELEM_BF16, 96)
 // GGUF Q4_K and IQ4_XS (CODE_Q4_K, CODE_IQ4_XS; FOLD_FP32): G = 32, no zero-points, every tile
 // but the fused one for both x types (the 32-token kernels at 128 registers: Q6_K's with an
 // 8-byte stack frame, the others none)

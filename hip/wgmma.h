@@ -208,6 +208,40 @@ __device__ __forceinline__ void wgmma_m64n256k16(WgAcc<N>& c, const uint32_t (&a
 #undef QG_WGMMA_256
 }
 
+// The grouped MoE tiles of 80 and 96 tokens (experts of ~64 +- 8 rows in one tile, where the
+// 64-token tile spills half of them into a second, mostly padded one).
+template <int XT, int OFF = 0, int N>
+__device__ __forceinline__ void wgmma_m64n80k16(WgAcc<N>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+#define QG_WGMMA_80(TYPE)                                                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %44, 0;\n"                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n80k16.f32." TYPE "." TYPE " "                                   \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                          \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                 \
+                 "%32, %33, %34, %35, %36, %37, %38, %39}, "                                                         \
+                 "{%40, %41, %42, %43}, %45, p, 1, 1, 0;\n}\n"                                                     \
+                 : QG_WGMMA_OPS8(0), QG_WGMMA_OPS8(8), QG_WGMMA_OPS8(16), QG_WGMMA_OPS8(24), QG_WGMMA_OPS8(32)      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc))
+    if (XT == ELEM_BF16) QG_WGMMA_80("bf16");
+    else QG_WGMMA_80("f16");
+#undef QG_WGMMA_80
+}
+template <int XT, int OFF = 0, int N>
+__device__ __forceinline__ void wgmma_m64n96k16(WgAcc<N>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+#define QG_WGMMA_96(TYPE)                                                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %52, 0;\n"                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n96k16.f32." TYPE "." TYPE " "                                   \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                          \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                 \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "                 \
+                 "{%48, %49, %50, %51}, %53, p, 1, 1, 0;\n}\n"                                                     \
+                 : QG_WGMMA_OPS8(0), QG_WGMMA_OPS8(8), QG_WGMMA_OPS8(16), QG_WGMMA_OPS8(24), QG_WGMMA_OPS8(32),     \
+                   QG_WGMMA_OPS8(40)                                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc))
+    if (XT == ELEM_BF16) QG_WGMMA_96("bf16");
+    else QG_WGMMA_96("f16");
+#undef QG_WGMMA_96
+}
+
 // The 32-token tile (17 .. 32 tokens: half the tensor work of the 64-token one there).
 template <int XT, int OFF = 0, int N>
 __device__ __forceinline__ void wgmma_m64n32k16(WgAcc<N>& c, const uint32_t (&a)[4], uint64_t desc, int scale_d) {
@@ -250,9 +284,11 @@ __device__ __forceinline__ void wgmma_m64k16(WgAcc<N>& c, const uint32_t (&a)[4]
         else wgmma_m64n64k16<XT, 128>(c, a, tail, scale_d);
     } else if constexpr (N == 256) wgmma_m64n256k16<XT>(c, a, desc, scale_d);
     else if constexpr (N == 128) wgmma_m64n128k16<XT>(c, a, desc, scale_d);
+    else if constexpr (N == 96) wgmma_m64n96k16<XT>(c, a, desc, scale_d);
+    else if constexpr (N == 80) wgmma_m64n80k16<XT>(c, a, desc, scale_d);
     else if constexpr (N == 64) wgmma_m64n64k16<XT>(c, a, desc, scale_d);
     else {
-        static_assert(N == 32, "a token tile is 32, 64, 128, 256 or a fused one");
+        static_assert(N == 32, "a token tile is 32, 64, 80, 96, 128, 256 or a fused one");
         wgmma_m64n32k16<XT>(c, a, desc, scale_d);
     }
 }

@@ -459,7 +459,7 @@ typedef struct qg_moe_align_args {
     int64_t num_tokens;       /* T */
     int32_t top_k;
     int32_t num_experts;      /* E */
-    int32_t tile_m;           /* 16, 32, 64, 128 or 256 */
+    int32_t tile_m;           /* 16, 32, 64, 80, 96, 128 or 256 */
     const int32_t* topk_ids;  /* [T, top_k], each in [0, E) */
     int32_t* sorted_ids;      /* [max_sorted] out: pair index, or T*top_k for padding */
     int32_t* tile_experts;    /* [max_tiles]  out: expert of each tile, -1 past the end */

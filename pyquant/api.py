@@ -542,14 +542,22 @@ def default_tile_m(num_tokens: int, top_k: int, num_experts: int, widest: int = 
     # faster than 64 at 144 rows, 7-21 % from 152 to 384; the 128 tile is never the fastest
     # where 256 is built). widest 128 (fp16 x): the grouped 64 up to 256 rows, then 128 (even
     # at 384, 3 % faster at 512). widest 64 (the CPU tier, GPUs without the grouped tier): 16
-    # up to 16 rows, 32 up to 32, then 64.
+    # up to 16 rows, 32 up to 32, then 64. widest 256 (bf16 x) also has the 80- and 96-token
+    # tiles, for experts of about 64-88 rows (GPT-OSS-120b T = 2048, 20b T = 512), where the
+    # 64-token tile spills about half of them into a second, mostly padded tile (bench/NOTES.md,
+    # session 55, H100): 80 from 57 to 72 rows an expert (0.81-0.85x the 64's layer at 64-72
+    # rows, 1.06x at 48), 96 from 73 to 88 (0.82-0.93x at 80-88 rows; even with 64 and 128 at
+    # 96); the grouped 32 (bf16 x) 0.89-0.93x the 64 at 17-24 rows, the mma.sync 16 below.
     if widest < 128:
         for tile, most_rows in ((16, 16), (32, 32)):
             if rows_per_expert <= most_rows or tile >= widest:
                 return tile
         return 64
-    wide, most_64 = (256, 136) if widest >= 256 else (128, 256)
-    for tile, most_rows in ((16, 16), (32, 24), (64, most_64)):
+    if widest >= 256:
+        bands, wide = ((16, 16), (32, 24), (64, 56), (80, 72), (96, 88), (64, 136)), 256
+    else:
+        bands, wide = ((16, 16), (32, 24), (64, 256)), 128
+    for tile, most_rows in bands:
         if rows_per_expert <= most_rows:
             return tile
     return wide

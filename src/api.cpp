@@ -581,8 +581,9 @@ qg_status check_routing_sizes(int64_t T, int32_t top_k, int32_t E, int32_t tile_
     QG_CHECK(E >= 1, "num_experts=%d must be positive", E);
     QG_CHECK(top_k >= 1, "top_k=%d is < 1", top_k);
     QG_CHECK(top_k <= E, "top_k=%d > num_experts=%d", top_k, E);
-    QG_CHECK(tile_m == 16 || tile_m == 32 || tile_m == 64 || tile_m == 128 || tile_m == 256,
-             "tile_m=%d is not one of 16, 32, 64, 128, 256", tile_m);
+    QG_CHECK(tile_m == 16 || tile_m == 32 || tile_m == 64 || tile_m == 80 || tile_m == 96 || tile_m == 128 ||
+                 tile_m == 256,
+             "tile_m=%d is not one of 16, 32, 64, 80, 96, 128, 256", tile_m);
     // pair indices and sorted slots are int32: bound T*top_k before computing with it
     QG_CHECK(T <= INT32_MAX / top_k, "num_tokens=%lld x top_k=%d pairs do not fit int32 pair indices", (ll)T, top_k);
     int64_t max_sorted, max_tiles;

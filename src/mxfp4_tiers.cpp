@@ -13,9 +13,9 @@
 //            <gpu>:moe_align  -                     NVIDIA sm_80+, one block, E <= 1024
 //   stage1/2 cpu              canonical             CPU contexts
 //            <gpu>:moe_mma    MoE frag (qg_moe_repack)  NVIDIA sm_80+, mma.sync expert tiles (tile_m <= 64)
-//            <gpu>:moe_wgmma  MoE frag              NVIDIA sm_90a, tile_m 64 / 128 (and 32 / 256 with
-//                                                   bf16 x): the
-//                                                   W4A16 prefill kernel grouped over the experts
+//            <gpu>:moe_wgmma  MoE frag              NVIDIA sm_90a, tile_m 64 / 128 (and 32 / 80 / 96 /
+//                                                   256 with bf16 x): the W4A16 prefill kernel
+//                                                   grouped over the experts
 #include "tier_table.h"
 
 namespace qg {
@@ -70,8 +70,8 @@ const Tier<qg_mxfp4_gemm_args>* choose_gemm(const qg_context* ctx, const qg_mxfp
     return nullptr;  // select_tier names every tier's reason
 }
 #if defined(QG_HAVE_GPU)
-// choose_stage: the grouped wgmma tier where it is usable (on sm_90a tile_m 64, 128; 32 and 256
-// with bf16 x), else the mma.sync tiles (every tile_m up to 64)
+// choose_stage: the grouped wgmma tier where it is usable (on sm_90a tile_m 64, 128; 32, 80, 96
+// and 256 with bf16 x), else the mma.sync tiles (every tile_m up to 64)
 const Tier<qg_moe_align_args>* const kAlignTiers[] = {&kAlignCpu, &gpu_moe_align_tier};
 const Tier<qg_moe_stage1_args>* const kStage1Tiers[] = {&kStage1Cpu, &gpu_moe_stage1_tier,
                                                         &gpu_moe_stage1_wgmma_tier};

@@ -371,7 +371,7 @@ def _moe_inputs(rng, t, e, top_k, h, inter, x_dtype, with_bias):
 @pytest.mark.parametrize("activation", ["swiglu_oai", "silu_glu"])
 @pytest.mark.parametrize("layout", ["interleaved", "concat"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("tile_m", [16, 32, 64, 256])
+@pytest.mark.parametrize("tile_m", [16, 32, 64, 80, 256])
 def test_moe_against_reference(rng, activation, layout, with_bias, tile_m, assert_close):
     e, top_k, h, inter = 6, 2, 64, 32
     for t, x_dt in ((1, BF16), (5, F16), (33, F32), (70, BF16)):
@@ -402,10 +402,14 @@ def test_moe_default_tile_m_and_int64_ids(rng, assert_close):
     assert pyquant.api.default_tile_m(1280, 4, 32, widest=256) == 256  # 160 rows per expert
     assert pyquant.api.default_tile_m(1024, 4, 32, widest=256) == 64   # 128 rows per expert
     assert pyquant.api.default_tile_m(2048, 4, 32, widest=128) == 64   # 256 rows, no 256 tile (fp16 x)
-    assert pyquant.api.default_tile_m(512, 4, 32, widest=128) == 64    # 64 rows per expert
+    assert pyquant.api.default_tile_m(512, 4, 32, widest=128) == 64    # 64 rows, fp16 x: no 80 / 96 tile
     assert pyquant.api.default_tile_m(2560, 4, 32, widest=128) == 128  # 320 rows per expert
     assert pyquant.api.default_tile_m(8, 4, 1, widest=256) == 64       # 32 rows per expert
     assert pyquant.api.default_tile_m(6, 4, 1, widest=256) == 32       # 24 rows per expert
+    assert pyquant.api.default_tile_m(2048, 4, 128, widest=256) == 80  # 64 rows: one 80 tile, not 1.5 of 64
+    assert pyquant.api.default_tile_m(640, 4, 32, widest=256) == 96    # 80 rows per expert
+    assert pyquant.api.default_tile_m(384, 4, 32, widest=256) == 64    # 48 rows per expert
+    assert pyquant.api.default_tile_m(768, 4, 32, widest=256) == 64    # 96 rows per expert
     assert pyquant.api.default_tile_m(8, 4, 1, widest=64) == 32        # no grouped tier: 32 up to 32
 
 

@@ -54,7 +54,7 @@ def moe_base(draw):
     s = base_spec(draw)
     E = draw(st.integers(1, 6))
     s.update(T=draw(st.sampled_from([1, 2, 3, 5, 8, 12])), E=E,
-             top_k=draw(st.integers(1, min(E, 4))), tile_m=draw(st.sampled_from([16, 32, 64, 128])),
+             top_k=draw(st.integers(1, min(E, 4))), tile_m=draw(st.sampled_from([16, 32, 64, 80, 96, 128])),
              huge=[], corrupt=None)
     return s
 
@@ -68,7 +68,7 @@ def routing_mutation(draw, s):
     elif what == "top_k":
         s["top_k"] = draw(st.sampled_from([0, -1, s["E"] + 1]))
     else:
-        s["tile_m"] = draw(st.sampled_from([0, 8, 48, 96, 512, -16, 2 ** 31 - 1]))
+        s["tile_m"] = draw(st.sampled_from([0, 8, 48, 72, 112, 512, -16, 2 ** 31 - 1]))
 
 
 @st.composite

@@ -90,7 +90,7 @@ def test_silu_glu_and_sigmoid_extremes():
     assert s[0] >= 0 and s[1] == 0.5 and s[2] == 1.0
 
 
-@pytest.mark.parametrize("tile_m", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("tile_m", [16, 32, 64, 80, 96, 128, 256])
 def test_moe_align_covers_every_pair_once(tile_m):
     rng, seed = _rng()
     t, top_k, e = int(rng.integers(tile_m, 3 * tile_m)), 4, 8
@@ -126,7 +126,7 @@ def test_moe_align_covers_every_pair_once(tile_m):
         # padding only at the end of an expert's last tile
         k = members.size
         assert np.all(tile[:k] != pad) and np.all(tile[k:] == pad)
-    with pytest.raises(ValueError, match=r"tile_m=48 is not one of \(16, 32, 64, 128, 256\)"):
+    with pytest.raises(ValueError, match=r"tile_m=48 is not one of \(16, 32, 64, 80, 96, 128, 256\)"):
         ref.moe_align(ids, e, 48)
     with pytest.raises(ValueError, match=r"outside \[0, 8\)"):
         ref.moe_align(ids + 8, e, tile_m)

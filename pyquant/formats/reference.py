@@ -21,7 +21,7 @@ __all__ = [
     "moe",
 ]
 
-TILE_M_VALUES = (16, 32, 64, 128, 256)
+TILE_M_VALUES = (16, 32, 64, 80, 96, 128, 256)
 ACTIVATIONS = ("swiglu_oai", "silu_glu")
 GATE_UP_LAYOUTS = ("interleaved", "concat")
 _DTYPE_NAMES = {

@@ -64,7 +64,7 @@ qg_status decode(const qg_context* ctx, const qg_w4a16_gemm_args& a, int code, q
 // prefill_wgmma: any M, wgmma + TMA (sm_90a)
 bool prefill_usable(const qg_context* ctx, const qg_w4a16_gemm_args& a, const char** why);
 size_t prefill_workspace(const qg_context* ctx, const qg_w4a16_gemm_args& a, int code);  // stream-K sums
-int prefill_smem(int bn);  // dynamic shared memory of the kernel of a token tile of bn (32, 64, 128, 256, fused)
+int prefill_smem(int bn);  // dynamic shared memory of the kernel of a token tile of bn (32, 64, 80, 96, 128, 256, fused)
 qg_status prefill(const qg_context* ctx, const qg_w4a16_gemm_args& a, int code, qg_stream stream);
 
 // The repack kernels (hip/w4a16_repack.hip) on `stream`.

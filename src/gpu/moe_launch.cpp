@@ -368,12 +368,12 @@ qg_status stage2_launch(const qg_context* ctx, const qg_moe_stage2_args& a, qg_s
 // gathered rows cleared.
 
 // The prefill kernel of a token tile of tile_m (nullptr where none is built: 64 and 128 for
-// both activation types, 32 and 256 for bf16). QG_EXP_MOE_GROUPED32=0 leaves tile_m 32 to the
-// mma.sync tiles (the A/B of bench/NOTES.md, session 55).
+// both activation types, 32, 80, 96 and 256 for bf16). QG_EXP_MOE_GROUPED32=0 leaves tile_m 32
+// to the mma.sync tiles (the A/B of bench/NOTES.md, session 55).
 const void* grouped_kernel(qg_dtype x_dtype, int32_t tile_m) {
 #if defined(QG_HAVE_TENSOR_MAPS)
     static const bool grouped32 = launch_util::env_int("QG_EXP_MOE_GROUPED32", 1) != 0;
-    if (tile_m != 64 && tile_m != 128 && tile_m != 256 && !(tile_m == 32 && grouped32)) return nullptr;
+    if (tile_m == 32 && !grouped32) return nullptr;
     return w4a16::prefill_kernel(elem_type(x_dtype), ELEM_BF16, tile_m, kGroup, false, w4a16::CODE_E2M1);
 #else
     (void)x_dtype, (void)tile_m;
@@ -399,7 +399,7 @@ bool grouped_usable(const qg_context* ctx, int32_t tile_m, qg_mxfp4_layout layou
     if (!stage_usable(ctx, layout, x_dtype, x, ldx, why)) return false;
     if (!wgmma_tier_usable(ctx, nullptr, 8, why)) return false;  // the gathered rows are the workspace's
     if (grouped_kernel(x_dtype, tile_m) == nullptr) {
-        *why = "runs an expert tile as one wgmma token tile: tile_m 64 or 128 (32 and 256 for bf16)";
+        *why = "runs an expert tile as one wgmma token tile: tile_m 64 or 128 (32, 80, 96, 256 for bf16)";
         return false;
     }
     return true;
