@@ -270,12 +270,19 @@ constexpr int PF_FUSED_BN = QG_PF_FUSED_BN;
 // fused tile copies two boxes of bn / 2 a step. The launchers' tensor maps and the kernel's
 // copies both take it from here.
 __host__ __device__ constexpr int prefill_box_rows(int bn) { return bn > 256 ? bn / 2 : bn; }
+__host__ __device__ constexpr int prefill_stages(int bn) { return bn >= 256 ? 5 : 8; }
+// The dynamic shared memory of the kernel of a token tile of bn: the x ring, its mbarriers and
+// 1024 bytes of alignment slack (PrefillSmem<bn>::SMEM; the launchers ask for it by bn).
+__host__ __device__ constexpr int prefill_ring_smem(int bn) {
+    return 1024 + prefill_stages(bn) * bn * 64 * 2 + 2 * prefill_stages(bn) * 8;
+}
 template <int BN>
 struct PrefillSmem {
-    static constexpr int STAGES = BN >= 256 ? 5 : 8;
+    static constexpr int STAGES = prefill_stages(BN);
     static constexpr int B_BYTES = BN * 64 * 2;           // one x tile, 128-byte rows
     static constexpr int BAR_OFF = STAGES * B_BYTES;      // full[] then empty[] mbarriers
-    static constexpr int SMEM = 1024 + BAR_OFF + 2 * STAGES * 8;  // + 1024: alignment slack
+    static constexpr int SMEM = prefill_ring_smem(BN);
+    static_assert(SMEM == 1024 + BAR_OFF + 2 * STAGES * 8, "the ring, its barriers, 1024 bytes of slack");
 };
 
 // The prefill takes the scale into its A registers ("fold", hip/prefill_wgmma.h) where x is

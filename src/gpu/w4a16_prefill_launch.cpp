@@ -42,13 +42,7 @@ qg_status prefill_launch(const qg_context* ctx, const Args& a, qg_stream stream)
 }  // namespace
 
 int frag_launch::prefill_smem(int bn) {
-    return bn == PF_FUSED_BN ? PrefillSmem<PF_FUSED_BN>::SMEM
-           : bn == 256 ? PrefillSmem<256>::SMEM
-           : bn == 128 ? PrefillSmem<128>::SMEM
-           : bn == 96  ? PrefillSmem<96>::SMEM
-           : bn == 80  ? PrefillSmem<80>::SMEM
-           : bn == 64  ? PrefillSmem<64>::SMEM
-                       : PrefillSmem<32>::SMEM;
+    return prefill_ring_smem(bn);
 }
 
 bool frag_launch::prefill_usable(const qg_context* ctx, const Args& a, const char** why) {
