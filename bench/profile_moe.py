@@ -5,6 +5,7 @@ cannot show at small T. The bench's routing and weights; the experts in the MoE 
     python bench/profile_moe.py gpt-oss-120b 1,8,64,512,2048 [sides]
     QG_SPLIT_K=4 python bench/profile_moe.py gpt-oss-120b 1,8      (the context's split_k option)
     QG_MOE_TIER=cuda:moe_wgmma python bench/profile_moe.py gpt-oss-20b 512 64   (a forced tier)
+    QG_ROUTING=balanced python bench/profile_moe.py gpt-oss-20b 2048 256   (every expert t k / e rows)
     python bench/profile_moe.py gpt-oss-120b 768,1024 32:cuda:moe_mma,32,64   (sides, interleaved)
 
 sides: a comma list, each a tile_m (0: pyquant's default_tile_m) with an optional forced stage
@@ -29,6 +30,10 @@ BF16 = ml_dtypes.bfloat16
 
 
 ROUTINGS = 4  # distinct routings cycled through: the experts they hit rotate past the 60 MB L2
+# QG_ROUTING=balanced: token t's experts (t k + j + r) % e, so that every expert holds the same
+# rows (t k / e where e divides t k): the layer with no expert tile spilling past its rows,
+# against which the random routing's padding cost reads
+BALANCED = os.environ.get("QG_ROUTING", "random") == "balanced"
 
 
 def experts(ctx, variant, rng):
@@ -61,7 +66,10 @@ def layer_calls(ctx, variant, weights, t, tile_m, rng):
     frag = _lib.MXFP4Layout.QG_MXFP4_LAYOUT_FRAG
     launches, hits = [], []
     for r in range(ROUTINGS):
-        ids = np.argsort(rng.random((t, e)), axis=1)[:, :k].astype(np.int32)
+        if BALANCED:  # every expert t * k / e rows (when e divides t * k): no tile spills
+            ids = ((np.arange(t)[:, None] * k + np.arange(k)[None, :] + r) % e).astype(np.int32)
+        else:
+            ids = np.argsort(rng.random((t, e)), axis=1)[:, :k].astype(np.int32)
         wts = np.full((t, k), 1.0 / k, np.float32)
         hits.append(np.unique(ids).size)
         dids, dw = dev(ids), dev(wts)
